@@ -1,0 +1,109 @@
+"""Operations console for the resource model. Actions call the same services as the API."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from clusters.console import ReadOnlyAdminMixin, service_action
+from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, Node, NodeEvent
+from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
+
+_REFUSALS = (NodeActionRefused,)
+
+
+class GpuModelAliasInline(admin.TabularInline):
+    model = GpuModelAlias
+    extra = 1
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "vendor", "memory_mb", "tdp_watts", "relative_throughput", "device_count"]
+    list_filter = ["vendor"]
+    search_fields = ["slug", "name", "aliases__name"]
+    inlines = [GpuModelAliasInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[GpuModel]:
+        return super().get_queryset(request).annotate(_devices=Count("devices"))
+
+    @admin.display(description="GPUs in fleet", ordering="_devices")
+    def device_count(self, obj: GpuModel) -> int:
+        return obj._devices
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    list_display = ["name", "display_name", "kind", "state", "state_reason", "node_count", "created_at"]
+    list_filter = ["kind", "state"]
+    search_fields = ["name", "display_name"]
+    readonly_fields = ["state_changed_at", "created_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
+        return super().get_queryset(request).annotate(_nodes=Count("nodes"))
+
+    @admin.display(description="Nodes", ordering="_nodes")
+    def node_count(self, obj: Cluster) -> int:
+        return obj._nodes
+
+
+class GpuDeviceInline(admin.TabularInline):
+    model = GpuDevice
+    extra = 0
+    fields = ["index", "model", "uuid", "memory_mb", "health", "health_reason", "utilization",
+              "memory_used_mb", "power_w", "temperature_c", "topology_group"]
+    readonly_fields = ["utilization", "memory_used_mb", "power_w", "temperature_c"]
+
+
+class NodeEventInline(admin.TabularInline):
+    model = NodeEvent
+    extra = 0
+    fields = ["at", "from_state", "to_state", "reason", "actor"]
+    readonly_fields = fields
+    ordering = ["-id"]
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
+        return False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "cluster", "state", "gpu_capacity", "cpu_cores", "memory_gib",
+                    "last_heartbeat_at", "agent_version", "power_state"]
+    list_filter = ["state", "cluster", "power_state", "gpus__model"]
+    list_select_related = ["cluster"]
+    search_fields = ["name", "cluster__name", "rack"]
+    readonly_fields = ["state", "state_reason", "state_changed_at", "last_heartbeat_at", "boot_id",
+                       "cpu_load", "memory_used_bytes", "power_w"]
+    inlines = [GpuDeviceInline, NodeEventInline]
+    actions = [
+        service_action(drain_node, name="drain", description="Drain selected nodes", refusals=_REFUSALS),
+        service_action(cordon_node, name="cordon", description="Cordon selected nodes", refusals=_REFUSALS),
+        service_action(resume_node, name="resume", description="Resume selected nodes", refusals=_REFUSALS),
+    ]
+
+    @admin.display(description="CPU cores", ordering="cpu_millicores_capacity")
+    def cpu_cores(self, obj: Node) -> float:
+        return obj.cpu_millicores_capacity / 1000
+
+    @admin.display(description="Memory GiB", ordering="memory_bytes_capacity")
+    def memory_gib(self, obj: Node) -> float:
+        return round(obj.memory_bytes_capacity / 2**30, 1)
+
+
+@admin.register(GpuDevice)
+class GpuDeviceAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "model", "health", "utilization", "memory_used_mb", "power_w", "temperature_c"]
+    list_filter = ["model", "health", "node__cluster"]
+    list_select_related = ["node__cluster", "model"]
+    search_fields = ["uuid", "node__name"]
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["at", "node", "from_state", "to_state", "reason", "actor"]
+    list_filter = ["to_state", "node__cluster"]
+    list_select_related = ["node__cluster", "actor"]
+    search_fields = ["node__name", "reason"]

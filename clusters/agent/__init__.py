@@ -1,0 +1,1 @@
+"""The Orrery node agent (``orrery-agent``)."""

@@ -1,0 +1,56 @@
+"""Statuses of the resource model. Values are stable lowercase strings stored in the database."""
+
+from django.db import models
+
+
+class ClusterKind(models.TextChoices):
+    NATIVE = "native", "Orrery agent"
+    SLURM = "slurm", "Slurm"
+    KUBERNETES = "kubernetes", "Kubernetes"
+    SIMULATED = "simulated", "Simulated"
+
+
+class ClusterState(models.TextChoices):
+    ONBOARDING = "onboarding", "Onboarding"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded"
+    UNREACHABLE = "unreachable", "Unreachable"
+    DRAINING = "draining", "Draining"
+    DISABLED = "disabled", "Disabled"
+
+
+class NodeState(models.TextChoices):
+    READY = "ready", "Ready"
+    NOT_READY = "not_ready", "Not ready"
+    DOWN = "down", "Down"
+    DRAINING = "draining", "Draining"
+    DRAINED = "drained", "Drained"
+    CORDONED = "cordoned", "Cordoned"
+
+
+# States in which the scheduler may place new work on a node.
+SCHEDULABLE_NODE_STATES = frozenset({NodeState.READY})
+# States an operator put the node in; heartbeats never move a node out of these.
+OPERATOR_NODE_STATES = frozenset({NodeState.DRAINING, NodeState.DRAINED, NodeState.CORDONED})
+
+
+class PowerState(models.TextChoices):
+    ON = "on", "On"
+    IDLE = "idle", "Idle"
+    SUSPENDED = "suspended", "Suspended"
+
+
+class GpuHealth(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+
+
+class GpuVendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+    INTEL = "intel", "Intel"
+
+
+class AliasKind(models.TextChoices):
+    ALIAS = "alias", "Alias users may type"
+    PRODUCT = "product", "Vendor product string"

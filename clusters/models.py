@@ -1,0 +1,235 @@
+"""The unified resource model: GpuModel, Cluster, Node, GpuDevice (DESIGN.md §2).
+
+Capacities are stored in integer base units (cpu millicores, memory bytes, GPU memory MiB) and
+guarded by check constraints, so no code path can write a negative or inconsistent capacity.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import F, Q
+
+from clusters.choices import (
+    AliasKind,
+    ClusterKind,
+    ClusterState,
+    GpuHealth,
+    GpuVendor,
+    NodeState,
+    PowerState,
+)
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "Use lowercase letters, digits and dashes; start and end with a letter or digit.",
+)
+
+
+class GpuModel(models.Model):
+    """One accelerator type of the catalog. Jobs ask for ``slug`` or an alias, never a raw
+    product string; collectors map the product strings they see through ``GpuModelAlias``."""
+
+    slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=80)
+    vendor = models.CharField(max_length=16, choices=GpuVendor.choices, default=GpuVendor.NVIDIA)
+    memory_mb = models.PositiveIntegerField(help_text="Device memory in MiB.")
+    tdp_watts = models.PositiveIntegerField(help_text="Board power limit in watts.")
+    relative_throughput = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Training throughput relative to an A100-80G (1.0).",
+    )
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(memory_mb__gt=0), name="gpumodel_memory_positive"),
+            models.CheckConstraint(condition=Q(relative_throughput__gte=0), name="gpumodel_throughput_nonneg"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class GpuModelAlias(models.Model):
+    """Another name of a GpuModel: a short alias users type (``h100``) or a vendor product string
+    a node reports (``NVIDIA H100 80GB HBM3``). Stored lowercased; unique across the catalog so a
+    name can never mean two models."""
+
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=120, unique=True)
+    kind = models.CharField(max_length=16, choices=AliasKind.choices, default=AliasKind.ALIAS)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "GPU model aliases"
+
+    def save(self, *args, **kwargs) -> None:
+        self.name = self.name.strip().lower()
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.name} → {self.gpu_model.slug}"
+
+
+class Cluster(models.Model):
+    """A member cluster of any kind. ``config`` holds ordinary connection settings; secrets live
+    in ``ClusterSecret`` and are never echoed back by the API or the admin."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    display_name = models.CharField(max_length=120, blank=True)
+    kind = models.CharField(max_length=16, choices=ClusterKind.choices)
+    state = models.CharField(max_length=16, choices=ClusterState.choices, default=ClusterState.ONBOARDING)
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    labels = models.JSONField(default=dict, blank=True, help_text="e.g. {\"region\": \"eu-west\"}")
+    config = models.JSONField(default=dict, blank=True, help_text="Connection settings without secrets.")
+    energy_price_per_kwh = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    carbon_g_per_kwh = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(energy_price_per_kwh__isnull=True) | Q(energy_price_per_kwh__gte=0),
+                name="cluster_energy_price_nonneg",
+                violation_error_message="The energy price cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ClusterSecret(models.Model):
+    """Credentials of a cluster (a slurmrestd JWT, a kubeconfig), apart from ``Cluster.config``."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="secret")
+    data = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"secret of {self.cluster.name}"
+
+
+class Node(models.Model):
+    """A machine of a cluster. ``*_allocatable`` is what the scheduler may hand out (capacity
+    minus what the system reserves); what is free is derived from active allocations."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=120)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.NOT_READY)
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    cpu_millicores_capacity = models.BigIntegerField(default=0)
+    cpu_millicores_allocatable = models.BigIntegerField(default=0)
+    memory_bytes_capacity = models.BigIntegerField(default=0)
+    memory_bytes_allocatable = models.BigIntegerField(default=0)
+    gpu_capacity = models.IntegerField(default=0, help_text="Number of GPU devices.")
+
+    labels = models.JSONField(default=dict, blank=True)
+    rack = models.CharField(max_length=63, blank=True)
+    switch = models.CharField(max_length=63, blank=True)
+    nvlink_domain = models.CharField(max_length=63, blank=True)
+
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Server time.")
+    agent_version = models.CharField(max_length=40, blank=True)
+    boot_id = models.CharField(max_length=64, blank=True)
+    cpu_load = models.FloatField(null=True, blank=True, help_text="Fraction of CPU busy, 0–1.")
+    memory_used_bytes = models.BigIntegerField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    power_state = models.CharField(max_length=16, choices=PowerState.choices, default=PowerState.ON)
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name_per_cluster"),
+            models.CheckConstraint(
+                condition=Q(cpu_millicores_capacity__gte=0)
+                & Q(memory_bytes_capacity__gte=0)
+                & Q(gpu_capacity__gte=0),
+                name="node_capacity_nonneg",
+                violation_error_message="Capacities cannot be negative.",
+            ),
+            models.CheckConstraint(
+                condition=Q(cpu_millicores_allocatable__gte=0)
+                & Q(cpu_millicores_allocatable__lte=F("cpu_millicores_capacity"))
+                & Q(memory_bytes_allocatable__gte=0)
+                & Q(memory_bytes_allocatable__lte=F("memory_bytes_capacity")),
+                name="node_allocatable_within_capacity",
+                violation_error_message="Allocatable CPU and memory must be between 0 and the capacity.",
+            ),
+            models.CheckConstraint(
+                condition=Q(memory_used_bytes__isnull=True) | Q(memory_used_bytes__gte=0),
+                name="node_memory_used_nonneg",
+            ),
+        ]
+        indexes = [models.Index(fields=["state"], name="node_state_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}" if self.cluster_id else self.name
+
+
+class GpuDevice(models.Model):
+    """One GPU of a node, addressed by its index (what ``CUDA_VISIBLE_DEVICES`` names). Telemetry
+    fields follow the DCGM exporter (``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_DEV_FB_USED``,
+    ``DCGM_FI_DEV_POWER_USAGE``, ``DCGM_FI_DEV_GPU_TEMP``)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, blank=True)
+    model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="devices")
+    memory_mb = models.PositiveIntegerField(default=0)
+    health = models.CharField(max_length=16, choices=GpuHealth.choices, default=GpuHealth.HEALTHY)
+    health_reason = models.CharField(max_length=255, blank=True)
+    last_xid = models.PositiveIntegerField(null=True, blank=True, help_text="Last XID error reported.")
+    mig_enabled = models.BooleanField(default=False)
+    topology_group = models.CharField(
+        max_length=63, blank=True, help_text="NVLink/PCIe group; GPUs of one group talk fastest."
+    )
+
+    utilization = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_GPU_UTIL, percent.")
+    memory_used_mb = models.PositiveIntegerField(null=True, blank=True, help_text="DCGM_FI_DEV_FB_USED.")
+    power_w = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_POWER_USAGE.")
+    temperature_c = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_GPU_TEMP.")
+    telemetry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        verbose_name = "GPU"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+            models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="gpu_unique_uuid"),
+            models.CheckConstraint(
+                condition=Q(utilization__isnull=True) | (Q(utilization__gte=0) & Q(utilization__lte=100)),
+                name="gpu_utilization_percent",
+                violation_error_message="Utilisation is a percentage between 0 and 100.",
+            ),
+            models.CheckConstraint(
+                condition=Q(power_w__isnull=True) | Q(power_w__gte=0), name="gpu_power_nonneg"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node}#{self.index}"
+
+
+class NodeEvent(models.Model):
+    """The append-only history of a node's state: who or what moved it, from where, and why."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=16, choices=NodeState.choices)
+    to_state = models.CharField(max_length=16, choices=NodeState.choices)
+    reason = models.CharField(max_length=255, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.from_state} → {self.to_state}"

@@ -1,0 +1,128 @@
+"""Operations console for queues and jobs. Job state changes only through the actions, which
+call the same services as the API; a job's history, attempts and allocations are read-only."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from clusters.console import ReadOnlyAdminMixin, service_action
+from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
+from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job
+from scheduling.services.transitions import InvalidTransition, TransitionConflict
+
+_REFUSALS = (InvalidTransition, TransitionConflict)
+
+
+class QueueQuotaInline(admin.TabularInline):
+    model = QueueQuota
+    extra = 1
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "project", "priority", "fair_share_weight", "cohort", "quota_summary"]
+    list_filter = ["project", "cohort"]
+    list_select_related = ["project"]
+    search_fields = ["name", "project__name", "cohort"]
+    inlines = [QueueQuotaInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Queue]:
+        return super().get_queryset(request).prefetch_related("quotas__gpu_model")
+
+    @admin.display(description="Quota")
+    def quota_summary(self, obj: Queue) -> str:
+        return ", ".join(f"{q.gpus} {q.gpu_model.slug}" for q in obj.quotas.all()) or "—"
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class JobEventInline(ReadOnlyInline):
+    model = JobEvent
+    fields = ["at", "kind", "from_state", "to_state", "reason", "message", "actor"]
+    readonly_fields = fields
+
+
+class JobAttemptInline(ReadOnlyInline):
+    model = JobAttempt
+    fields = ["number", "id", "cluster", "state", "active", "epoch", "remote_id", "exit_code",
+              "created_at", "started_at", "finished_at"]
+    readonly_fields = fields
+
+
+class AllocationInline(ReadOnlyInline):
+    model = Allocation
+    fields = ["attempt", "node", "gpu", "cpu_millicores", "memory_bytes", "active", "allocated_at", "released_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
+        return super().get_queryset(request).select_related("attempt", "node__cluster", "gpu__node__cluster")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "owner", "project", "queue", "state", "reason", "gpu_request",
+                    "submitted_at", "finished_at"]
+    list_filter = ["state", "reason", "project", "queue", "gpu_model"]
+    list_select_related = ["owner", "project", "queue__project", "gpu_model"]
+    search_fields = ["=id", "name", "owner__username", "project__name"]
+    date_hierarchy = "submitted_at"
+    inlines = [JobEventInline, JobAttemptInline, AllocationInline]
+    actions = [
+        service_action(cancel_job, name="cancel", description="Cancel selected jobs", refusals=_REFUSALS),
+        service_action(hold_job, name="hold", description="Hold selected jobs", refusals=_REFUSALS),
+        service_action(release_job, name="release", description="Release selected jobs", refusals=_REFUSALS),
+        service_action(requeue_job, name="requeue", description="Requeue selected jobs", refusals=_REFUSALS),
+    ]
+    fields = ["name", "owner", "project", "queue", "state", "reason", "reason_message", "priority",
+              "nodes", "gpu_model", "gpus_per_node", "cpu_millicores_per_node", "memory_bytes_per_node",
+              "time_limit_s", "command", "labels", "placement", "spec", "retries", "failover_policy",
+              "idempotency_key", "submitted_at", "started_at", "finished_at", "exit_code", "attempt_count"]
+    # Only the priority is edited in place; everything else is the user's request or the
+    # scheduler's record, and changes through services.
+    readonly_fields = [f for f in fields if f != "priority"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are submitted through the API, the CLI or the portal
+
+    @admin.display(description="GPUs")
+    def gpu_request(self, obj: Job) -> str:
+        if not obj.gpus_per_node:
+            return "—"
+        per_node = f"{obj.gpus_per_node}×{obj.gpu_model.slug}"
+        return per_node if obj.nodes == 1 else f"{obj.nodes} nodes × {per_node}"
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "job", "number", "cluster", "state", "active", "epoch", "created_at"]
+    list_filter = ["state", "active", "cluster"]
+    list_select_related = ["job", "cluster"]
+    search_fields = ["=id", "=job__id", "remote_id"]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "job", "node", "gpu", "cpu_millicores", "memory_bytes", "active", "allocated_at"]
+    list_filter = ["active", "node__cluster"]
+    list_select_related = ["job", "node__cluster", "gpu__node__cluster"]
+    search_fields = ["=job__id", "node__name"]
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["at", "job", "kind", "from_state", "to_state", "reason", "actor"]
+    list_filter = ["kind", "to_state"]
+    list_select_related = ["job", "actor"]
+    search_fields = ["=job__id", "message"]

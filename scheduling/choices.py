@@ -1,0 +1,105 @@
+"""Job states, pending reasons, attempt states and policies.
+
+Job states keep the upper-case names Slurm users know (``PENDING``, ``RUNNING``): they are shown
+verbatim by the API, the CLI and the portal, so the stored value is the displayed one.
+"""
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    HELD = "HELD", "Held"
+    SCHEDULED = "SCHEDULED", "Scheduled"
+    STARTING = "STARTING", "Starting"
+    RUNNING = "RUNNING", "Running"
+    COMPLETING = "COMPLETING", "Completing"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    TIMEOUT = "TIMEOUT", "Timed out"
+    CANCELLED = "CANCELLED", "Cancelled"
+    PREEMPTED = "PREEMPTED", "Preempted"
+
+
+# Slurm's short codes, for CLI tables (squeue's %t).
+SHORT_CODES: dict[str, str] = {
+    JobState.PENDING: "PD",
+    JobState.HELD: "PD",
+    JobState.SCHEDULED: "CF",
+    JobState.STARTING: "CF",
+    JobState.RUNNING: "R",
+    JobState.COMPLETING: "CG",
+    JobState.SUCCEEDED: "CD",
+    JobState.FAILED: "F",
+    JobState.TIMEOUT: "TO",
+    JobState.CANCELLED: "CA",
+    JobState.PREEMPTED: "PR",
+}
+
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED, JobState.PREEMPTED}
+)
+WAITING_STATES = frozenset({JobState.PENDING, JobState.HELD})
+# States in which a job holds an active attempt and its allocations.
+ACTIVE_STATES = frozenset(
+    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING}
+)
+
+
+class PendingReason(models.TextChoices):
+    """Why a job waits, with Slurm's reason names where Slurm has one."""
+
+    NONE = "None", "Not yet considered"
+    RESOURCES = "Resources", "Not enough free resources"
+    PRIORITY = "Priority", "Higher-priority jobs go first"
+    QUOTA_EXCEEDED = "QuotaExceeded", "The queue's quota is used up"
+    CLUSTER_UNAVAILABLE = "ClusterUnavailable", "No eligible cluster is available"
+    HELD = "Held", "Held by a user or operator"
+    DEPENDENCY = "Dependency", "Waiting for another job"
+    REQUEUED = "Requeued", "Requeued; waiting to be placed again"
+    NODE_LOST = "NodeLost", "Its node was lost"
+
+
+class AttemptState(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    COMPLETING = "completing", "Completing"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    TIMEOUT = "timeout", "Timed out"
+    CANCELLED = "cancelled", "Cancelled"
+    PREEMPTED = "preempted", "Preempted"
+    REQUEUED = "requeued", "Requeued"
+    NODE_FAIL = "node_fail", "Node failed"
+
+
+# The attempt state a job state carries its active attempt to.
+ATTEMPT_STATE_FOR: dict[str, str] = {
+    JobState.SCHEDULED: AttemptState.SCHEDULED,
+    JobState.STARTING: AttemptState.STARTING,
+    JobState.RUNNING: AttemptState.RUNNING,
+    JobState.COMPLETING: AttemptState.COMPLETING,
+    JobState.SUCCEEDED: AttemptState.SUCCEEDED,
+    JobState.FAILED: AttemptState.FAILED,
+    JobState.TIMEOUT: AttemptState.TIMEOUT,
+    JobState.CANCELLED: AttemptState.CANCELLED,
+    JobState.PREEMPTED: AttemptState.PREEMPTED,
+    JobState.PENDING: AttemptState.REQUEUED,
+    JobState.HELD: AttemptState.REQUEUED,
+}
+
+
+class FailoverPolicy(models.TextChoices):
+    """What happens to a job whose node is lost (DESIGN.md §2)."""
+
+    REQUEUE = "requeue", "Requeue on another node"
+    HOLD = "hold", "Hold for an operator"
+    FAIL = "fail", "Fail the job"
+
+
+class EventKind(models.TextChoices):
+    SUBMITTED = "submitted", "Submitted"
+    TRANSITION = "transition", "State changed"
+    NOTE = "note", "Note"
+

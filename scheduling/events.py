@@ -1,0 +1,20 @@
+"""Events the scheduling app publishes (past tense, frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobStateChanged:
+    job_id: int
+    project_id: int
+    from_state: str
+    to_state: str
+    reason: str
+    at: str
+
+
+def job_groups(job_id: int, project_id: int) -> list[str]:
+    """The channel-layer groups that hear about a job: its own page and its project's lists."""
+    return [f"job.{job_id}", f"project.{project_id}"]

@@ -1,0 +1,278 @@
+"""Queues, jobs, attempts, allocations and the append-only job history (DESIGN.md §4).
+
+The invariants that must never break are enforced by the database, not by the code above it:
+
+* ``alloc_one_active_per_gpu`` — no GPU has two active allocations (partial unique index);
+* ``attempt_one_active_per_job`` — a job has at most one active attempt (partial unique index);
+* ``job_unique_idempotency_key`` — ``(owner, idempotency_key)`` is unique;
+* check constraints keep every capacity, quota and request non-negative.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from clusters.models import Cluster, GpuDevice, GpuModel, Node, slug_validator
+from scheduling.choices import (
+    SHORT_CODES,
+    TERMINAL_STATES,
+    AttemptState,
+    EventKind,
+    FailoverPolicy,
+    JobState,
+    PendingReason,
+)
+
+
+class Queue(models.Model):
+    """A project's queue: its priority, fair-share weight, per-GPU-model quota (``QueueQuota``),
+    an optional cohort whose members may borrow each other's idle quota, and per-user limits."""
+
+    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="queues")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    priority = models.IntegerField(default=0, help_text="Higher runs first across queues.")
+    fair_share_weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
+    cohort = models.CharField(
+        max_length=63, blank=True, help_text="Queues of one cohort lend each other idle quota."
+    )
+    max_running_jobs_per_user = models.PositiveIntegerField(null=True, blank=True)
+    max_gpus_per_user = models.PositiveIntegerField(null=True, blank=True)
+    max_pending_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Submissions beyond this many pending jobs are refused."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="queue_unique_name_per_project"),
+            models.CheckConstraint(
+                condition=Q(fair_share_weight__gte=0),
+                name="queue_weight_nonneg",
+                violation_error_message="The fair-share weight cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project.name}/{self.name}"
+
+
+class QueueQuota(models.Model):
+    """How many GPUs of one model a queue may hold at once (its nominal quota), and how many more
+    it may borrow from idle quota of its cohort (``borrowing_limit``; null = no limit)."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="quotas")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="quotas")
+    gpus = models.IntegerField(help_text="Nominal quota in GPUs.")
+    borrowing_limit = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["queue_id", "gpu_model_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "gpu_model"], name="quota_unique_per_queue_model"),
+            models.CheckConstraint(
+                condition=Q(gpus__gte=0) & (Q(borrowing_limit__isnull=True) | Q(borrowing_limit__gte=0)),
+                name="quota_nonneg",
+                violation_error_message="Quotas and borrowing limits cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.gpus} × {self.gpu_model.slug}"
+
+
+class Job(models.Model):
+    """The user's request. It outlives its executions (``JobAttempt``); ``state`` changes only
+    through ``scheduling.services.transitions.transition_job``."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    project = models.ForeignKey("portal.Project", on_delete=models.PROTECT, related_name="jobs")
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=128)
+    labels = models.JSONField(default=dict, blank=True)
+
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
+    reason = models.CharField(
+        max_length=24, choices=PendingReason.choices, default=PendingReason.NONE, blank=True
+    )
+    reason_message = models.CharField(max_length=512, blank=True)
+    version = models.PositiveIntegerField(default=0, help_text="Bumped by every transition.")
+
+    priority = models.IntegerField(default=0)
+    nodes = models.PositiveIntegerField(default=1, help_text="Nodes; more than one makes a gang.")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, null=True, blank=True)
+    gpus_per_node = models.PositiveIntegerField(default=0)
+    cpu_millicores_per_node = models.BigIntegerField(default=0)
+    memory_bytes_per_node = models.BigIntegerField(default=0)
+    time_limit_s = models.PositiveIntegerField(null=True, blank=True)
+    command = models.TextField(blank=True)
+    spec = models.JSONField(default=dict, blank=True, help_text="The normalised job spec as accepted.")
+    placement = models.JSONField(default=dict, blank=True, help_text="Cluster and label constraints.")
+    retries = models.PositiveIntegerField(default=0)
+    failover_policy = models.CharField(
+        max_length=8, choices=FailoverPolicy.choices, default=FailoverPolicy.HOLD
+    )
+
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    request_digest = models.CharField(max_length=64, blank=True, help_text="Hash of the submitted body.")
+
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_unique_idempotency_key",
+            ),
+            models.CheckConstraint(
+                condition=Q(nodes__gte=1)
+                & Q(gpus_per_node__gte=0)
+                & Q(cpu_millicores_per_node__gte=0)
+                & Q(memory_bytes_per_node__gte=0),
+                name="job_request_nonneg",
+                violation_error_message="A job asks for at least one node and no negative resources.",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpus_per_node=0) | Q(gpu_model__isnull=False),
+                name="job_gpus_have_model",
+                violation_error_message="A job that asks for GPUs must name their model.",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="job_state_valid"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "queue"], name="job_state_queue_idx"),
+            models.Index(fields=["project", "-submitted_at"], name="job_project_recent_idx"),
+            models.Index(
+                fields=["priority", "submitted_at"],
+                condition=Q(state="PENDING"),
+                name="job_pending_order_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.name}"
+
+    @property
+    def short_state(self) -> str:
+        return SHORT_CODES[self.state]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class JobAttempt(models.Model):
+    """One execution of a job. A requeue makes a new attempt of the same job. The id names the
+    remote job (a Slurm job name, a Kubernetes Job) so a retried dispatch finds what it created;
+    ``epoch`` is the scheduling cycle that made it, the fencing token for dispatch and reports."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField(help_text="1 for the first execution, then 2, 3, …")
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="attempts")
+    state = models.CharField(max_length=12, choices=AttemptState.choices, default=AttemptState.SCHEDULED)
+    active = models.BooleanField(default=True)
+    epoch = models.BigIntegerField(default=0)
+    remote_id = models.CharField(max_length=128, blank=True, help_text="The cluster's own job id.")
+    reason = models.CharField(max_length=255, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"], condition=Q(active=True), name="attempt_one_active_per_job"
+            ),
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number}"
+
+
+class Allocation(models.Model):
+    """What an attempt holds on one node: one row per GPU (``gpu`` set) and one node-level row
+    (``gpu`` null) carrying its cpu and memory. Rows are released, never deleted, so history
+    stays; ``active`` is what the partial unique indexes look at."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey(GpuDevice, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations")
+    cpu_millicores = models.BigIntegerField(default=0)
+    memory_bytes = models.BigIntegerField(default=0)
+    active = models.BooleanField(default=True)
+    allocated_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt_id", "node_id", "gpu_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=Q(active=True) & Q(gpu__isnull=False),
+                name="alloc_one_active_per_gpu",
+            ),
+            models.UniqueConstraint(
+                fields=["attempt", "node"],
+                condition=Q(gpu__isnull=True),
+                name="alloc_one_node_row_per_attempt",
+            ),
+            models.CheckConstraint(
+                condition=Q(cpu_millicores__gte=0) & Q(memory_bytes__gte=0),
+                name="alloc_resources_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(active=True, released_at__isnull=True) | Q(active=False, released_at__isnull=False),
+                name="alloc_release_consistent",
+            ),
+        ]
+        indexes = [models.Index(fields=["node"], condition=Q(active=True), name="alloc_active_node_idx")]
+
+    def __str__(self) -> str:
+        target = f"gpu {self.gpu_id}" if self.gpu_id else "cpu/memory"
+        return f"{self.attempt} on {self.node_id}: {target}"
+
+
+class JobEvent(models.Model):
+    """The append-only history of a job. Rows are inserted, never updated (a database trigger
+    refuses UPDATE); every page and the API show a job's life from these."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, null=True, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    from_state = models.CharField(max_length=12, choices=JobState.choices, blank=True)
+    to_state = models.CharField(max_length=12, choices=JobState.choices, blank=True)
+    reason = models.CharField(max_length=24, blank=True)
+    message = models.TextField(blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "id"]
+
+    def __str__(self) -> str:
+        if self.kind == EventKind.TRANSITION:
+            return f"{self.from_state} → {self.to_state}"
+        return self.get_kind_display()

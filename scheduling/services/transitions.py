@@ -1,0 +1,182 @@
+"""The job state machine: one table, one function.
+
+::
+
+                 ┌──────── hold ────────┐
+                 ▼                      │
+    submit → PENDING ──── place ───► SCHEDULED ─► STARTING ─► RUNNING ─► COMPLETING
+               ▲  │ ▲                    │            │           │            │
+               │  │ └──── requeue ───────┴────────────┴───────────┘            │
+               │  ▼                                                             ▼
+              HELD ── cancel ─► CANCELLED     SUCCEEDED · FAILED · TIMEOUT · CANCELLED · PREEMPTED
+                                              (terminal: no way out)
+
+``TRANSITIONS`` below is the authority; the picture is a guide. An active state (SCHEDULED …
+COMPLETING) may jump straight to any end state, because a cluster can finish a job between two
+polls. Node loss takes an active job to PENDING (requeue) or HELD (hold) per its policy.
+
+``transition_job`` is a compare-and-set: it reads the job's state and version, then runs
+``UPDATE … WHERE id = :id AND state IN (:allowed) AND version = :seen``. Zero rows means another
+writer moved the job first: it raises ``TransitionConflict`` and changes nothing — callers decide
+again from the new state, they never retry blindly. The JobEvent is written in the same
+transaction, and the live event is published only after commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from clusters.live import publish_on_commit
+from clusters.services.nodes import settle_draining_nodes
+from scheduling.choices import (
+    ACTIVE_STATES,
+    ATTEMPT_STATE_FOR,
+    TERMINAL_STATES,
+    WAITING_STATES,
+    EventKind,
+    JobState,
+    PendingReason,
+)
+from scheduling.events import JobStateChanged, job_groups
+from scheduling.models import Allocation, Job, JobAttempt, JobEvent
+
+S = JobState
+_END = frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED, S.PREEMPTED})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.HELD, S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    S.HELD: frozenset({S.PENDING, S.CANCELLED}),
+    S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.HELD}) | _END,
+    S.STARTING: frozenset({S.RUNNING, S.PENDING, S.HELD}) | _END,
+    S.RUNNING: frozenset({S.COMPLETING, S.PENDING, S.HELD}) | _END,
+    S.COMPLETING: frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.TIMEOUT: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.PREEMPTED: frozenset(),
+}
+assert set(TRANSITIONS) == set(JobState.values)
+assert all(not TRANSITIONS[s] for s in TERMINAL_STATES)
+
+
+def allowed_sources(to: str) -> frozenset[str]:
+    """Every state from which ``to`` may be reached."""
+    return frozenset(src for src, targets in TRANSITIONS.items() if to in targets)
+
+
+class InvalidTransition(Exception):
+    """The job's current state has no edge to the requested one; nothing was changed."""
+
+    def __init__(self, job_id: int, current: str, to: str) -> None:
+        self.job_id, self.current, self.to = job_id, current, to
+        if current in TERMINAL_STATES:
+            why = f"{current} is a final state"
+        else:
+            why = f"{current} cannot become {to}"
+        super().__init__(f"job {job_id}: {why}.")
+
+
+class TransitionConflict(Exception):
+    """Another writer changed the job between our read and our compare-and-set."""
+
+
+def transition_job(
+    job_id: int,
+    to: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    message: str = "",
+    only_from: Iterable[str] | None = None,
+    exit_code: int | None = None,
+) -> Job:
+    """Move job ``job_id`` to state ``to`` and return the updated job.
+
+    ``only_from`` narrows the allowed sources further (an action such as *hold* applies to
+    PENDING only, even though the table has other edges into HELD). ``reason`` is the pending
+    reason when ``to`` is PENDING or HELD. Raises ``Job.DoesNotExist``, ``InvalidTransition``
+    or ``TransitionConflict``; in each case nothing is written.
+    """
+    to = JobState(to)
+    allowed = allowed_sources(to)
+    if only_from is not None:
+        allowed &= frozenset(only_from)
+    with transaction.atomic():
+        current, version = Job.objects.values_list("state", "version").get(pk=job_id)
+        if current not in allowed:
+            raise InvalidTransition(job_id, current, to)
+        now = timezone.now()
+        changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
+        if to in WAITING_STATES:
+            changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
+            changes["reason_message"] = message
+        else:
+            changes["reason"], changes["reason_message"] = "", ""
+        if to == S.RUNNING:
+            changes["started_at"] = now
+        if to in TERMINAL_STATES:
+            changes["finished_at"] = now
+        if exit_code is not None:
+            changes["exit_code"] = exit_code
+        updated = Job.objects.filter(pk=job_id, state__in=allowed, version=version).update(**changes)
+        if updated != 1:
+            raise TransitionConflict(f"job {job_id} changed while moving {current} → {to}; decide again.")
+
+        attempt = _follow_attempt(job_id, current, to, now, exit_code=exit_code, reason=message or reason)
+        JobEvent.objects.create(
+            job_id=job_id,
+            attempt=attempt,
+            kind=EventKind.TRANSITION,
+            from_state=current,
+            to_state=to,
+            reason=str(changes["reason"] or reason),
+            message=message,
+            actor=actor,
+        )
+        job = Job.objects.get(pk=job_id)
+        publish_on_commit(
+            job_groups(job.pk, job.project_id),
+            JobStateChanged(job.pk, job.project_id, current, to, job.reason, now.isoformat()),
+        )
+    return job
+
+
+def _follow_attempt(
+    job_id: int, current: str, to: str, now: Any, *, exit_code: int | None, reason: str
+) -> JobAttempt | None:
+    """Carry the job's active attempt along: same state while the job is active; ended, with its
+    allocations released, when the job leaves the active states (finished or requeued)."""
+    if current not in ACTIVE_STATES and to not in ACTIVE_STATES:
+        return None
+    attempt = JobAttempt.objects.filter(job_id=job_id, active=True).first()
+    if attempt is None or current not in ACTIVE_STATES:
+        return attempt  # just placed: the attempt was created in its first state
+    attempt.state = ATTEMPT_STATE_FOR[to]
+    fields = ["state"]
+    if to == S.RUNNING and attempt.started_at is None:
+        attempt.started_at = now
+        fields.append("started_at")
+    if to not in ACTIVE_STATES:
+        attempt.active, attempt.finished_at, attempt.exit_code = False, now, exit_code
+        attempt.reason = reason[:255]
+        fields += ["active", "finished_at", "exit_code", "reason"]
+        release_allocations(attempt.pk, now)
+    attempt.save(update_fields=fields)
+    return attempt
+
+
+def release_allocations(attempt_id: Any, now: Any) -> list[int]:
+    """Release every active allocation of an attempt; returns the ids of the nodes it freed."""
+    rows = Allocation.objects.filter(attempt_id=attempt_id, active=True)
+    node_ids = sorted(set(rows.values_list("node_id", flat=True)))
+    rows.update(active=False, released_at=now)
+    if node_ids:
+        settle_draining_nodes(node_ids)
+    return node_ids
