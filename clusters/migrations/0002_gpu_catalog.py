@@ -27,15 +27,16 @@ CATALOG = [
 def seed(apps, schema_editor):
     GpuModel = apps.get_model("clusters", "GpuModel")
     GpuModelAlias = apps.get_model("clusters", "GpuModelAlias")
+    db = schema_editor.connection.alias
     for slug, name, vendor, memory_mb, tdp, throughput, aliases, products in CATALOG:
-        model, _ = GpuModel.objects.update_or_create(
+        model, _ = GpuModel.objects.using(db).update_or_create(
             slug=slug,
             defaults={"name": name, "vendor": vendor, "memory_mb": memory_mb, "tdp_watts": tdp,
                       "relative_throughput": throughput},
         )
         for kind, names in (("alias", aliases), ("product", products)):
             for alias in names:
-                GpuModelAlias.objects.update_or_create(
+                GpuModelAlias.objects.using(db).update_or_create(
                     name=alias.lower(), defaults={"gpu_model": model, "kind": kind}
                 )
 
