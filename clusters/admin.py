@@ -51,8 +51,19 @@ class ClusterAdmin(admin.ModelAdmin):
 class GpuDeviceInline(admin.TabularInline):
     model = GpuDevice
     extra = 0
-    fields = ["index", "model", "uuid", "memory_mb", "health", "health_reason", "utilization",
-              "memory_used_mb", "power_w", "temperature_c", "topology_group"]
+    fields = [
+        "index",
+        "model",
+        "uuid",
+        "memory_mb",
+        "health",
+        "health_reason",
+        "utilization",
+        "memory_used_mb",
+        "power_w",
+        "temperature_c",
+        "topology_group",
+    ]
     readonly_fields = ["utilization", "memory_used_mb", "power_w", "temperature_c"]
 
 
@@ -70,13 +81,30 @@ class NodeEventInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "cluster", "state", "gpu_capacity", "cpu_cores", "memory_gib",
-                    "last_heartbeat_at", "agent_version", "power_state"]
+    list_display = [
+        "name",
+        "cluster",
+        "state",
+        "gpu_capacity",
+        "cpu_cores",
+        "memory_gib",
+        "last_heartbeat_at",
+        "agent_version",
+        "power_state",
+    ]
     list_filter = ["state", "cluster", "power_state", "gpus__model"]
     list_select_related = ["cluster"]
     search_fields = ["name", "cluster__name", "rack"]
-    readonly_fields = ["state", "state_reason", "state_changed_at", "last_heartbeat_at", "boot_id",
-                       "cpu_load", "memory_used_bytes", "power_w"]
+    readonly_fields = [
+        "state",
+        "state_reason",
+        "state_changed_at",
+        "last_heartbeat_at",
+        "boot_id",
+        "cpu_load",
+        "memory_used_bytes",
+        "power_w",
+    ]
     inlines = [GpuDeviceInline, NodeEventInline]
     actions = [
         service_action(drain_node, name="drain", description="Drain selected nodes", refusals=_REFUSALS),

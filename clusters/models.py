@@ -46,7 +46,9 @@ class GpuModel(models.Model):
         ordering = ["slug"]
         constraints = [
             models.CheckConstraint(condition=Q(memory_mb__gt=0), name="gpumodel_memory_positive"),
-            models.CheckConstraint(condition=Q(relative_throughput__gte=0), name="gpumodel_throughput_nonneg"),
+            models.CheckConstraint(
+                condition=Q(relative_throughput__gte=0), name="gpumodel_throughput_nonneg"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -66,12 +68,12 @@ class GpuModelAlias(models.Model):
         ordering = ["name"]
         verbose_name_plural = "GPU model aliases"
 
+    def __str__(self) -> str:
+        return f"{self.name} → {self.gpu_model.slug}"
+
     def save(self, *args, **kwargs) -> None:
         self.name = self.name.strip().lower()
         super().save(*args, **kwargs)
-
-    def __str__(self) -> str:
-        return f"{self.name} → {self.gpu_model.slug}"
 
 
 class Cluster(models.Model):
@@ -84,7 +86,7 @@ class Cluster(models.Model):
     state = models.CharField(max_length=16, choices=ClusterState.choices, default=ClusterState.ONBOARDING)
     state_reason = models.CharField(max_length=255, blank=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
-    labels = models.JSONField(default=dict, blank=True, help_text="e.g. {\"region\": \"eu-west\"}")
+    labels = models.JSONField(default=dict, blank=True, help_text='e.g. {"region": "eu-west"}')
     config = models.JSONField(default=dict, blank=True, help_text="Connection settings without secrets.")
     energy_price_per_kwh = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     carbon_g_per_kwh = models.PositiveIntegerField(null=True, blank=True)

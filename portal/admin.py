@@ -62,5 +62,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             ApiToken.objects.filter(pk=token.pk).update(expires_at=obj.expires_at)
         obj.pk = token.pk
         self.message_user(
-            request, f"Token for {obj.user}: {plaintext} — copy it now, it is not shown again.", messages.WARNING
+            request,
+            f"Token for {obj.user}: {plaintext} — copy it now, it is not shown again.",
+            messages.WARNING,
         )

@@ -14,7 +14,9 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orrery", description="Orrery: one control plane for many GPU clusters.")
+    parser = argparse.ArgumentParser(
+        prog="orrery", description="Orrery: one control plane for many GPU clusters."
+    )
     parser.add_argument("--version", action="version", version=f"orrery {_version()}")
     return parser
 

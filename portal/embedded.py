@@ -27,7 +27,7 @@ def start_embedded_timers(stop: threading.Event) -> list[threading.Thread]:
     return threads
 
 
-def _loop(func, path: str, interval: float, stop: threading.Event) -> None:  # noqa: ANN001
+def _loop(func, path: str, interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
             func()

@@ -56,14 +56,34 @@ class JobEventInline(ReadOnlyInline):
 
 class JobAttemptInline(ReadOnlyInline):
     model = JobAttempt
-    fields = ["number", "id", "cluster", "state", "active", "epoch", "remote_id", "exit_code",
-              "created_at", "started_at", "finished_at"]
+    fields = [
+        "number",
+        "id",
+        "cluster",
+        "state",
+        "active",
+        "epoch",
+        "remote_id",
+        "exit_code",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
     readonly_fields = fields
 
 
 class AllocationInline(ReadOnlyInline):
     model = Allocation
-    fields = ["attempt", "node", "gpu", "cpu_millicores", "memory_bytes", "active", "allocated_at", "released_at"]
+    fields = [
+        "attempt",
+        "node",
+        "gpu",
+        "cpu_millicores",
+        "memory_bytes",
+        "active",
+        "allocated_at",
+        "released_at",
+    ]
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
@@ -72,8 +92,18 @@ class AllocationInline(ReadOnlyInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "owner", "project", "queue", "state", "reason", "gpu_request",
-                    "submitted_at", "finished_at"]
+    list_display = [
+        "id",
+        "name",
+        "owner",
+        "project",
+        "queue",
+        "state",
+        "reason",
+        "gpu_request",
+        "submitted_at",
+        "finished_at",
+    ]
     list_filter = ["state", "reason", "project", "queue", "gpu_model"]
     list_select_related = ["owner", "project", "queue__project", "gpu_model"]
     search_fields = ["=id", "name", "owner__username", "project__name"]
@@ -85,10 +115,34 @@ class JobAdmin(admin.ModelAdmin):
         service_action(release_job, name="release", description="Release selected jobs", refusals=_REFUSALS),
         service_action(requeue_job, name="requeue", description="Requeue selected jobs", refusals=_REFUSALS),
     ]
-    fields = ["name", "owner", "project", "queue", "state", "reason", "reason_message", "priority",
-              "nodes", "gpu_model", "gpus_per_node", "cpu_millicores_per_node", "memory_bytes_per_node",
-              "time_limit_s", "command", "labels", "placement", "spec", "retries", "failover_policy",
-              "idempotency_key", "submitted_at", "started_at", "finished_at", "exit_code", "attempt_count"]
+    fields = [
+        "name",
+        "owner",
+        "project",
+        "queue",
+        "state",
+        "reason",
+        "reason_message",
+        "priority",
+        "nodes",
+        "gpu_model",
+        "gpus_per_node",
+        "cpu_millicores_per_node",
+        "memory_bytes_per_node",
+        "time_limit_s",
+        "command",
+        "labels",
+        "placement",
+        "spec",
+        "retries",
+        "failover_policy",
+        "idempotency_key",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+        "attempt_count",
+    ]
     # Only the priority is edited in place; everything else is the user's request or the
     # scheduler's record, and changes through services.
     readonly_fields = [f for f in fields if f != "priority"]

@@ -41,9 +41,7 @@ TERMINAL_STATES = frozenset(
 )
 WAITING_STATES = frozenset({JobState.PENDING, JobState.HELD})
 # States in which a job holds an active attempt and its allocations.
-ACTIVE_STATES = frozenset(
-    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING}
-)
+ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING})
 
 
 class PendingReason(models.TextChoices):
@@ -102,4 +100,3 @@ class EventKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     TRANSITION = "transition", "State changed"
     NOTE = "note", "Note"
-

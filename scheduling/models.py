@@ -148,9 +148,7 @@ class Job(models.Model):
                 name="job_gpus_have_model",
                 violation_error_message="A job that asks for GPUs must name their model.",
             ),
-            models.CheckConstraint(
-                condition=Q(state__in=JobState.values), name="job_state_valid"
-            ),
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]
         indexes = [
             models.Index(fields=["state", "queue"], name="job_state_queue_idx"),
@@ -219,7 +217,9 @@ class Allocation(models.Model):
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
-    gpu = models.ForeignKey(GpuDevice, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations")
+    gpu = models.ForeignKey(
+        GpuDevice, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations"
+    )
     cpu_millicores = models.BigIntegerField(default=0)
     memory_bytes = models.BigIntegerField(default=0)
     active = models.BooleanField(default=True)
@@ -244,7 +244,8 @@ class Allocation(models.Model):
                 name="alloc_resources_nonneg",
             ),
             models.CheckConstraint(
-                condition=Q(active=True, released_at__isnull=True) | Q(active=False, released_at__isnull=False),
+                condition=Q(active=True, released_at__isnull=True)
+                | Q(active=False, released_at__isnull=False),
                 name="alloc_release_consistent",
             ),
         ]

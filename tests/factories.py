@@ -10,8 +10,8 @@ from typing import Any
 
 from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
-from django.db import connections
 from django.contrib.auth.models import AbstractUser
+from django.db import connections
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node
@@ -27,13 +27,20 @@ GiB = 2**30
 
 def make_user(name: str | None = None, *, staff: bool = False, using: str = "default") -> AbstractUser:
     name = name or f"user{next(_seq)}"
-    return get_user_model().objects.db_manager(using).create_user(
-        username=name, password=name, is_staff=staff, is_superuser=staff
+    return (
+        get_user_model()
+        .objects.db_manager(using)
+        .create_user(username=name, password=name, is_staff=staff, is_superuser=staff)
     )
 
 
-def make_project(name: str | None = None, *, members: tuple[AbstractUser, ...] = (), role: str = Role.MEMBER,
-                 using: str = "default") -> Project:
+def make_project(
+    name: str | None = None,
+    *,
+    members: tuple[AbstractUser, ...] = (),
+    role: str = Role.MEMBER,
+    using: str = "default",
+) -> Project:
     project = Project.objects.using(using).create(name=name or f"proj{next(_seq)}")
     for user in members:
         Membership.objects.using(using).create(user=user, project=project, role=role)
@@ -70,12 +77,22 @@ def make_cluster(name: str | None = None, *, using: str = "default", **fields: A
     return Cluster.objects.using(using).create(name=name or f"c{next(_seq)}", **fields)
 
 
-def make_node(cluster: Cluster | None = None, *, gpus: int = 8, model: str = "h100", name: str | None = None,
-              state: str = NodeState.READY, using: str = "default", **fields: Any) -> Node:
+def make_node(
+    cluster: Cluster | None = None,
+    *,
+    gpus: int = 8,
+    model: str = "h100",
+    name: str | None = None,
+    state: str = NodeState.READY,
+    using: str = "default",
+    **fields: Any,
+) -> Node:
     cluster = cluster or make_cluster(using=using)
     fields = {
-        "cpu_millicores_capacity": 64_000, "cpu_millicores_allocatable": 64_000,
-        "memory_bytes_capacity": 512 * GiB, "memory_bytes_allocatable": 512 * GiB,
+        "cpu_millicores_capacity": 64_000,
+        "cpu_millicores_allocatable": 64_000,
+        "memory_bytes_capacity": 512 * GiB,
+        "memory_bytes_allocatable": 512 * GiB,
         **fields,
     }
     node = Node.objects.using(using).create(
@@ -88,10 +105,25 @@ def make_node(cluster: Cluster | None = None, *, gpus: int = 8, model: str = "h1
     return node
 
 
-def make_job(owner: AbstractUser, queue: Queue, *, gpus: int = 1, model: str = "h100", nodes: int = 1,
-             state: str = JobState.PENDING, using: str = "default", **fields: Any) -> Job:
+def make_job(
+    owner: AbstractUser,
+    queue: Queue,
+    *,
+    gpus: int = 1,
+    model: str = "h100",
+    nodes: int = 1,
+    state: str = JobState.PENDING,
+    using: str = "default",
+    **fields: Any,
+) -> Job:
     return Job.objects.using(using).create(
-        owner=owner, project_id=queue.project_id, queue=queue, name=fields.pop("name", f"job{next(_seq)}"),
-        gpu_model=gpu_model(model, using) if gpus else None, gpus_per_node=gpus, nodes=nodes, state=state,
+        owner=owner,
+        project_id=queue.project_id,
+        queue=queue,
+        name=fields.pop("name", f"job{next(_seq)}"),
+        gpu_model=gpu_model(model, using) if gpus else None,
+        gpus_per_node=gpus,
+        nodes=nodes,
+        state=state,
         **fields,
     )

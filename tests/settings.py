@@ -13,3 +13,4 @@ DATABASES["sqlite"] = {
     "TEST": {"NAME": str(DATA_DIR / "test_invariants.sqlite3")},
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405  (whitenoise warns on a missing folder)

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,168 +15,460 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Cluster',
+            name="Cluster",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$', 'Use lowercase letters, digits and dashes; start and end with a letter or digit.')])),
-                ('display_name', models.CharField(blank=True, max_length=120)),
-                ('kind', models.CharField(choices=[('native', 'Orrery agent'), ('slurm', 'Slurm'), ('kubernetes', 'Kubernetes'), ('simulated', 'Simulated')], max_length=16)),
-                ('state', models.CharField(choices=[('onboarding', 'Onboarding'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('unreachable', 'Unreachable'), ('draining', 'Draining'), ('disabled', 'Disabled')], default='onboarding', max_length=16)),
-                ('state_reason', models.CharField(blank=True, max_length=255)),
-                ('state_changed_at', models.DateTimeField(auto_now_add=True)),
-                ('labels', models.JSONField(blank=True, default=dict, help_text='e.g. {"region": "eu-west"}')),
-                ('config', models.JSONField(blank=True, default=dict, help_text='Connection settings without secrets.')),
-                ('energy_price_per_kwh', models.DecimalField(blank=True, decimal_places=4, max_digits=8, null=True)),
-                ('carbon_g_per_kwh', models.PositiveIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=63,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                                "Use lowercase letters, digits and dashes; start and end with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                ("display_name", models.CharField(blank=True, max_length=120)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("native", "Orrery agent"),
+                            ("slurm", "Slurm"),
+                            ("kubernetes", "Kubernetes"),
+                            ("simulated", "Simulated"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("onboarding", "Onboarding"),
+                            ("ready", "Ready"),
+                            ("degraded", "Degraded"),
+                            ("unreachable", "Unreachable"),
+                            ("draining", "Draining"),
+                            ("disabled", "Disabled"),
+                        ],
+                        default="onboarding",
+                        max_length=16,
+                    ),
+                ),
+                ("state_reason", models.CharField(blank=True, max_length=255)),
+                ("state_changed_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "labels",
+                    models.JSONField(blank=True, default=dict, help_text='e.g. {"region": "eu-west"}'),
+                ),
+                (
+                    "config",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="Connection settings without secrets."
+                    ),
+                ),
+                (
+                    "energy_price_per_kwh",
+                    models.DecimalField(blank=True, decimal_places=4, max_digits=8, null=True),
+                ),
+                ("carbon_g_per_kwh", models.PositiveIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('energy_price_per_kwh__isnull', True), ('energy_price_per_kwh__gte', 0), _connector='OR'), name='cluster_energy_price_nonneg', violation_error_message='The energy price cannot be negative.')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("energy_price_per_kwh__isnull", True),
+                            ("energy_price_per_kwh__gte", 0),
+                            _connector="OR",
+                        ),
+                        name="cluster_energy_price_nonneg",
+                        violation_error_message="The energy price cannot be negative.",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ClusterSecret',
+            name="ClusterSecret",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('data', models.JSONField(default=dict)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('cluster', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='secret', to='clusters.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("data", models.JSONField(default=dict)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "cluster",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="secret",
+                        to="clusters.cluster",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='GpuModel',
+            name="GpuModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.CharField(max_length=40, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$', 'Use lowercase letters, digits and dashes; start and end with a letter or digit.')])),
-                ('name', models.CharField(max_length=80)),
-                ('vendor', models.CharField(choices=[('nvidia', 'NVIDIA'), ('amd', 'AMD'), ('intel', 'Intel')], default='nvidia', max_length=16)),
-                ('memory_mb', models.PositiveIntegerField(help_text='Device memory in MiB.')),
-                ('tdp_watts', models.PositiveIntegerField(help_text='Board power limit in watts.')),
-                ('relative_throughput', models.FloatField(default=1.0, help_text='Training throughput relative to an A100-80G (1.0).', validators=[django.core.validators.MinValueValidator(0.0)])),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "slug",
+                    models.CharField(
+                        max_length=40,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                                "Use lowercase letters, digits and dashes; start and end with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                ("name", models.CharField(max_length=80)),
+                (
+                    "vendor",
+                    models.CharField(
+                        choices=[("nvidia", "NVIDIA"), ("amd", "AMD"), ("intel", "Intel")],
+                        default="nvidia",
+                        max_length=16,
+                    ),
+                ),
+                ("memory_mb", models.PositiveIntegerField(help_text="Device memory in MiB.")),
+                ("tdp_watts", models.PositiveIntegerField(help_text="Board power limit in watts.")),
+                (
+                    "relative_throughput",
+                    models.FloatField(
+                        default=1.0,
+                        help_text="Training throughput relative to an A100-80G (1.0).",
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
             ],
             options={
-                'ordering': ['slug'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('memory_mb__gt', 0)), name='gpumodel_memory_positive'), models.CheckConstraint(condition=models.Q(('relative_throughput__gte', 0)), name='gpumodel_throughput_nonneg')],
+                "ordering": ["slug"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("memory_mb__gt", 0)), name="gpumodel_memory_positive"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("relative_throughput__gte", 0)), name="gpumodel_throughput_nonneg"
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='GpuModelAlias',
+            name="GpuModelAlias",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=120, unique=True)),
-                ('kind', models.CharField(choices=[('alias', 'Alias users may type'), ('product', 'Vendor product string')], default='alias', max_length=16)),
-                ('gpu_model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='aliases', to='clusters.gpumodel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=120, unique=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("alias", "Alias users may type"), ("product", "Vendor product string")],
+                        default="alias",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="aliases",
+                        to="clusters.gpumodel",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'GPU model aliases',
-                'ordering': ['name'],
+                "verbose_name_plural": "GPU model aliases",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=120)),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('not_ready', 'Not ready'), ('down', 'Down'), ('draining', 'Draining'), ('drained', 'Drained'), ('cordoned', 'Cordoned')], default='not_ready', max_length=16)),
-                ('state_reason', models.CharField(blank=True, max_length=255)),
-                ('state_changed_at', models.DateTimeField(auto_now_add=True)),
-                ('cpu_millicores_capacity', models.BigIntegerField(default=0)),
-                ('cpu_millicores_allocatable', models.BigIntegerField(default=0)),
-                ('memory_bytes_capacity', models.BigIntegerField(default=0)),
-                ('memory_bytes_allocatable', models.BigIntegerField(default=0)),
-                ('gpu_capacity', models.IntegerField(default=0, help_text='Number of GPU devices.')),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('rack', models.CharField(blank=True, max_length=63)),
-                ('switch', models.CharField(blank=True, max_length=63)),
-                ('nvlink_domain', models.CharField(blank=True, max_length=63)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, help_text='Server time.', null=True)),
-                ('agent_version', models.CharField(blank=True, max_length=40)),
-                ('boot_id', models.CharField(blank=True, max_length=64)),
-                ('cpu_load', models.FloatField(blank=True, help_text='Fraction of CPU busy, 0–1.', null=True)),
-                ('memory_used_bytes', models.BigIntegerField(blank=True, null=True)),
-                ('power_w', models.FloatField(blank=True, null=True)),
-                ('power_state', models.CharField(choices=[('on', 'On'), ('idle', 'Idle'), ('suspended', 'Suspended')], default='on', max_length=16)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='nodes', to='clusters.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=120)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("not_ready", "Not ready"),
+                            ("down", "Down"),
+                            ("draining", "Draining"),
+                            ("drained", "Drained"),
+                            ("cordoned", "Cordoned"),
+                        ],
+                        default="not_ready",
+                        max_length=16,
+                    ),
+                ),
+                ("state_reason", models.CharField(blank=True, max_length=255)),
+                ("state_changed_at", models.DateTimeField(auto_now_add=True)),
+                ("cpu_millicores_capacity", models.BigIntegerField(default=0)),
+                ("cpu_millicores_allocatable", models.BigIntegerField(default=0)),
+                ("memory_bytes_capacity", models.BigIntegerField(default=0)),
+                ("memory_bytes_allocatable", models.BigIntegerField(default=0)),
+                ("gpu_capacity", models.IntegerField(default=0, help_text="Number of GPU devices.")),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("rack", models.CharField(blank=True, max_length=63)),
+                ("switch", models.CharField(blank=True, max_length=63)),
+                ("nvlink_domain", models.CharField(blank=True, max_length=63)),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, help_text="Server time.", null=True)),
+                ("agent_version", models.CharField(blank=True, max_length=40)),
+                ("boot_id", models.CharField(blank=True, max_length=64)),
+                (
+                    "cpu_load",
+                    models.FloatField(blank=True, help_text="Fraction of CPU busy, 0–1.", null=True),
+                ),
+                ("memory_used_bytes", models.BigIntegerField(blank=True, null=True)),
+                ("power_w", models.FloatField(blank=True, null=True)),
+                (
+                    "power_state",
+                    models.CharField(
+                        choices=[("on", "On"), ("idle", "Idle"), ("suspended", "Suspended")],
+                        default="on",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="nodes",
+                        to="clusters.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster_id', 'name'],
+                "ordering": ["cluster_id", "name"],
             },
         ),
         migrations.CreateModel(
-            name='GpuDevice',
+            name="GpuDevice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('uuid', models.CharField(blank=True, max_length=64)),
-                ('memory_mb', models.PositiveIntegerField(default=0)),
-                ('health', models.CharField(choices=[('healthy', 'Healthy'), ('unhealthy', 'Unhealthy')], default='healthy', max_length=16)),
-                ('health_reason', models.CharField(blank=True, max_length=255)),
-                ('last_xid', models.PositiveIntegerField(blank=True, help_text='Last XID error reported.', null=True)),
-                ('mig_enabled', models.BooleanField(default=False)),
-                ('topology_group', models.CharField(blank=True, help_text='NVLink/PCIe group; GPUs of one group talk fastest.', max_length=63)),
-                ('utilization', models.FloatField(blank=True, help_text='DCGM_FI_DEV_GPU_UTIL, percent.', null=True)),
-                ('memory_used_mb', models.PositiveIntegerField(blank=True, help_text='DCGM_FI_DEV_FB_USED.', null=True)),
-                ('power_w', models.FloatField(blank=True, help_text='DCGM_FI_DEV_POWER_USAGE.', null=True)),
-                ('temperature_c', models.FloatField(blank=True, help_text='DCGM_FI_DEV_GPU_TEMP.', null=True)),
-                ('telemetry_at', models.DateTimeField(blank=True, null=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='devices', to='clusters.gpumodel')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='clusters.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                ("uuid", models.CharField(blank=True, max_length=64)),
+                ("memory_mb", models.PositiveIntegerField(default=0)),
+                (
+                    "health",
+                    models.CharField(
+                        choices=[("healthy", "Healthy"), ("unhealthy", "Unhealthy")],
+                        default="healthy",
+                        max_length=16,
+                    ),
+                ),
+                ("health_reason", models.CharField(blank=True, max_length=255)),
+                (
+                    "last_xid",
+                    models.PositiveIntegerField(blank=True, help_text="Last XID error reported.", null=True),
+                ),
+                ("mig_enabled", models.BooleanField(default=False)),
+                (
+                    "topology_group",
+                    models.CharField(
+                        blank=True,
+                        help_text="NVLink/PCIe group; GPUs of one group talk fastest.",
+                        max_length=63,
+                    ),
+                ),
+                (
+                    "utilization",
+                    models.FloatField(blank=True, help_text="DCGM_FI_DEV_GPU_UTIL, percent.", null=True),
+                ),
+                (
+                    "memory_used_mb",
+                    models.PositiveIntegerField(blank=True, help_text="DCGM_FI_DEV_FB_USED.", null=True),
+                ),
+                ("power_w", models.FloatField(blank=True, help_text="DCGM_FI_DEV_POWER_USAGE.", null=True)),
+                (
+                    "temperature_c",
+                    models.FloatField(blank=True, help_text="DCGM_FI_DEV_GPU_TEMP.", null=True),
+                ),
+                ("telemetry_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="devices",
+                        to="clusters.gpumodel",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="gpus", to="clusters.node"
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'GPU',
-                'ordering': ['node_id', 'index'],
+                "verbose_name": "GPU",
+                "ordering": ["node_id", "index"],
             },
         ),
         migrations.CreateModel(
-            name='NodeEvent',
+            name="NodeEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('from_state', models.CharField(choices=[('ready', 'Ready'), ('not_ready', 'Not ready'), ('down', 'Down'), ('draining', 'Draining'), ('drained', 'Drained'), ('cordoned', 'Cordoned')], max_length=16)),
-                ('to_state', models.CharField(choices=[('ready', 'Ready'), ('not_ready', 'Not ready'), ('down', 'Down'), ('draining', 'Draining'), ('drained', 'Drained'), ('cordoned', 'Cordoned')], max_length=16)),
-                ('reason', models.CharField(blank=True, max_length=255)),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='clusters.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "from_state",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("not_ready", "Not ready"),
+                            ("down", "Down"),
+                            ("draining", "Draining"),
+                            ("drained", "Drained"),
+                            ("cordoned", "Cordoned"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "to_state",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("not_ready", "Not ready"),
+                            ("down", "Down"),
+                            ("draining", "Draining"),
+                            ("drained", "Drained"),
+                            ("cordoned", "Cordoned"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, max_length=255)),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="clusters.node"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['node_id', 'id'],
+                "ordering": ["node_id", "id"],
             },
         ),
         migrations.AddIndex(
-            model_name='node',
-            index=models.Index(fields=['state'], name='node_state_idx'),
+            model_name="node",
+            index=models.Index(fields=["state"], name="node_state_idx"),
         ),
         migrations.AddConstraint(
-            model_name='node',
-            constraint=models.UniqueConstraint(fields=('cluster', 'name'), name='node_unique_name_per_cluster'),
+            model_name="node",
+            constraint=models.UniqueConstraint(
+                fields=("cluster", "name"), name="node_unique_name_per_cluster"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='node',
-            constraint=models.CheckConstraint(condition=models.Q(('cpu_millicores_capacity__gte', 0), ('memory_bytes_capacity__gte', 0), ('gpu_capacity__gte', 0)), name='node_capacity_nonneg', violation_error_message='Capacities cannot be negative.'),
+            model_name="node",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("cpu_millicores_capacity__gte", 0),
+                    ("memory_bytes_capacity__gte", 0),
+                    ("gpu_capacity__gte", 0),
+                ),
+                name="node_capacity_nonneg",
+                violation_error_message="Capacities cannot be negative.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='node',
-            constraint=models.CheckConstraint(condition=models.Q(('cpu_millicores_allocatable__gte', 0), ('cpu_millicores_allocatable__lte', models.F('cpu_millicores_capacity')), ('memory_bytes_allocatable__gte', 0), ('memory_bytes_allocatable__lte', models.F('memory_bytes_capacity'))), name='node_allocatable_within_capacity', violation_error_message='Allocatable CPU and memory must be between 0 and the capacity.'),
+            model_name="node",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("cpu_millicores_allocatable__gte", 0),
+                    ("cpu_millicores_allocatable__lte", models.F("cpu_millicores_capacity")),
+                    ("memory_bytes_allocatable__gte", 0),
+                    ("memory_bytes_allocatable__lte", models.F("memory_bytes_capacity")),
+                ),
+                name="node_allocatable_within_capacity",
+                violation_error_message="Allocatable CPU and memory must be between 0 and the capacity.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='node',
-            constraint=models.CheckConstraint(condition=models.Q(('memory_used_bytes__isnull', True), ('memory_used_bytes__gte', 0), _connector='OR'), name='node_memory_used_nonneg'),
+            model_name="node",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("memory_used_bytes__isnull", True), ("memory_used_bytes__gte", 0), _connector="OR"
+                ),
+                name="node_memory_used_nonneg",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='gpudevice',
-            constraint=models.UniqueConstraint(fields=('node', 'index'), name='gpu_unique_index_per_node'),
+            model_name="gpudevice",
+            constraint=models.UniqueConstraint(fields=("node", "index"), name="gpu_unique_index_per_node"),
         ),
         migrations.AddConstraint(
-            model_name='gpudevice',
-            constraint=models.UniqueConstraint(condition=models.Q(('uuid', ''), _negated=True), fields=('uuid',), name='gpu_unique_uuid'),
+            model_name="gpudevice",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("uuid", ""), _negated=True), fields=("uuid",), name="gpu_unique_uuid"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='gpudevice',
-            constraint=models.CheckConstraint(condition=models.Q(('utilization__isnull', True), models.Q(('utilization__gte', 0), ('utilization__lte', 100)), _connector='OR'), name='gpu_utilization_percent', violation_error_message='Utilisation is a percentage between 0 and 100.'),
+            model_name="gpudevice",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("utilization__isnull", True),
+                    models.Q(("utilization__gte", 0), ("utilization__lte", 100)),
+                    _connector="OR",
+                ),
+                name="gpu_utilization_percent",
+                violation_error_message="Utilisation is a percentage between 0 and 100.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='gpudevice',
-            constraint=models.CheckConstraint(condition=models.Q(('power_w__isnull', True), ('power_w__gte', 0), _connector='OR'), name='gpu_power_nonneg'),
+            model_name="gpudevice",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("power_w__isnull", True), ("power_w__gte", 0), _connector="OR"),
+                name="gpu_power_nonneg",
+            ),
         ),
     ]

@@ -86,7 +86,10 @@ def resume_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
     allowed = {NodeState.DRAINING, NodeState.DRAINED, NodeState.CORDONED}
     if node.state not in allowed:
         raise NodeActionRefused(f"{node} is {node.state}; only a draining, drained or cordoned node resumes.")
-    fresh = node.last_heartbeat_at and (timezone.now() - node.last_heartbeat_at).total_seconds() < settings.NODE_GRACE
+    fresh = (
+        node.last_heartbeat_at
+        and (timezone.now() - node.last_heartbeat_at).total_seconds() < settings.NODE_GRACE
+    )
     to = NodeState.READY if fresh else NodeState.NOT_READY
     _set_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator")
     return node

@@ -74,7 +74,8 @@ def _users() -> dict[str, AbstractUser]:
     users = {}
     for name, operator in DEMO_USERS:
         user, created = User.objects.get_or_create(
-            username=name, defaults={"is_staff": operator, "is_superuser": operator, "email": f"{name}@example.org"}
+            username=name,
+            defaults={"is_staff": operator, "is_superuser": operator, "email": f"{name}@example.org"},
         )
         if created:
             user.set_password(name)
@@ -96,8 +97,12 @@ def _cluster(spec: DemoCluster) -> Cluster:
     model = GpuModel.objects.get(slug=spec.gpu_model)
     cluster, _ = Cluster.objects.get_or_create(
         name=spec.name,
-        defaults={"kind": ClusterKind.SIMULATED, "state": ClusterState.READY, "labels": {"region": spec.region},
-                  "display_name": f"Simulated {model.name} cluster"},
+        defaults={
+            "kind": ClusterKind.SIMULATED,
+            "state": ClusterState.READY,
+            "labels": {"region": spec.region},
+            "display_name": f"Simulated {model.name} cluster",
+        },
     )
     now = timezone.now()
     for i in range(spec.nodes):
@@ -106,18 +111,31 @@ def _cluster(spec: DemoCluster) -> Cluster:
             name=f"{spec.name}-n{i:03d}",
             defaults={
                 "state": NodeState.READY,
-                "cpu_millicores_capacity": 128_000, "cpu_millicores_allocatable": 124_000,
-                "memory_bytes_capacity": 1024 * GiB, "memory_bytes_allocatable": 1000 * GiB,
-                "gpu_capacity": spec.gpus_per_node, "rack": f"r{i // 4}", "switch": f"sw{i // 8}",
-                "nvlink_domain": f"{spec.name}-n{i:03d}", "last_heartbeat_at": now,
-                "agent_version": "simulated", "labels": {"rack": f"r{i // 4}"},
+                "cpu_millicores_capacity": 128_000,
+                "cpu_millicores_allocatable": 124_000,
+                "memory_bytes_capacity": 1024 * GiB,
+                "memory_bytes_allocatable": 1000 * GiB,
+                "gpu_capacity": spec.gpus_per_node,
+                "rack": f"r{i // 4}",
+                "switch": f"sw{i // 8}",
+                "nvlink_domain": f"{spec.name}-n{i:03d}",
+                "last_heartbeat_at": now,
+                "agent_version": "simulated",
+                "labels": {"rack": f"r{i // 4}"},
             },
         )
         if created:
             GpuDevice.objects.bulk_create(
-                GpuDevice(node=node, index=g, model=model, memory_mb=model.memory_mb,
-                          uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node.name}.{g}')}",
-                          topology_group=f"nvl{g // 4}", utilization=0.0, memory_used_mb=0)
+                GpuDevice(
+                    node=node,
+                    index=g,
+                    model=model,
+                    memory_mb=model.memory_mb,
+                    uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node.name}.{g}')}",
+                    topology_group=f"nvl{g // 4}",
+                    utilization=0.0,
+                    memory_used_mb=0,
+                )
                 for g in range(spec.gpus_per_node)
             )
     return cluster
@@ -133,7 +151,8 @@ def _queues(projects: dict[str, Project]) -> dict[str, Queue]:
     queues = {}
     for key, (project, priority, quota) in plan.items():
         queue, _ = Queue.objects.get_or_create(
-            project=project, name=key.split("/")[1],
+            project=project,
+            name=key.split("/")[1],
             defaults={"priority": priority, "cohort": "research", "max_pending_jobs": 1000},
         )
         for slug, gpus in quota.items():
@@ -152,13 +171,19 @@ def _jobs(users: dict[str, AbstractUser], queues: dict[str, Queue]) -> None:
 
     def job(owner: str, queue: str, name: str, model: GpuModel, gpus: int, nodes: int = 1):
         request = JobRequest(
-            name=name, queue=queues[queue], gpu_model=model, gpus_per_node=gpus, nodes=nodes,
-            cpu_millicores_per_node=8_000 * gpus, memory_bytes_per_node=64 * GiB * gpus,
-            time_limit_s=4 * 3600, command=f"python train.py --run {name}",
+            name=name,
+            queue=queues[queue],
+            gpu_model=model,
+            gpus_per_node=gpus,
+            nodes=nodes,
+            cpu_millicores_per_node=8_000 * gpus,
+            memory_bytes_per_node=64 * GiB * gpus,
+            time_limit_s=4 * 3600,
+            command=f"python train.py --run {name}",
         )
         return submit_job(request, actor=users[owner], idempotency_key=f"demo-{name}")
 
-    alice, bob = users["alice"], users["bob"]
+    alice = users["alice"]
     j, new = job("alice", "vision/default", "train-resnet50", h100, 8)
     if new:
         bind_job(j, [NodePlacement(sim_a[0], range(8))])
@@ -188,8 +213,9 @@ def _jobs(users: dict[str, AbstractUser], queues: dict[str, Queue]) -> None:
         transition_job(j.pk, JobState.RUNNING)
     j, new = job("bob", "nlp/default", "pretrain-70b", a100, 8, nodes=8)
     if new:
-        explain_pending(j.pk, PendingReason.QUOTA_EXCEEDED,
-                        "queue nlp/default at 16/48 a100-80g; this job needs 64")
+        explain_pending(
+            j.pk, PendingReason.QUOTA_EXCEEDED, "queue nlp/default at 16/48 a100-80g; this job needs 64"
+        )
     j, new = job("bob", "nlp/default", "tokenize-corpus", a100, 1)
     if new:
         bind_job(j, [NodePlacement(sim_b[2], [0])])

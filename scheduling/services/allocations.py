@@ -61,12 +61,19 @@ def bind_job(
     attempt = JobAttempt.objects.create(job=job, number=number, cluster_id=clusters.pop(), epoch=epoch)
     rows = []
     for p in placements:
-        rows.append(Allocation(attempt=attempt, job=job, node=p.node,
-                               cpu_millicores=job.cpu_millicores_per_node,
-                               memory_bytes=job.memory_bytes_per_node))
+        rows.append(
+            Allocation(
+                attempt=attempt,
+                job=job,
+                node=p.node,
+                cpu_millicores=job.cpu_millicores_per_node,
+                memory_bytes=job.memory_bytes_per_node,
+            )
+        )
         rows += [Allocation(attempt=attempt, job=job, node=p.node, gpu=d) for d in gpus_by_node[p.node.pk]]
     Allocation.objects.bulk_create(rows)
     nodes = ", ".join(f"{p.node.name}[{','.join(map(str, p.gpu_indices))}]" for p in placements)
-    transition_job(job.pk, JobState.SCHEDULED, actor=actor, message=f"placed on {nodes}",
-                   only_from=[JobState.PENDING])
+    transition_job(
+        job.pk, JobState.SCHEDULED, actor=actor, message=f"placed on {nodes}", only_from=[JobState.PENDING]
+    )
     return attempt

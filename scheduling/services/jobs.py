@@ -97,13 +97,17 @@ def submit_job(
                 reason=PendingReason.NONE,
             )
             JobEvent.objects.create(
-                job=job, kind=EventKind.SUBMITTED, to_state=JobState.PENDING, actor=actor,
+                job=job,
+                kind=EventKind.SUBMITTED,
+                to_state=JobState.PENDING,
+                actor=actor,
                 message=f"submitted to {request.queue}",
             )
             publish_on_commit(
                 job_groups(job.pk, job.project_id),
-                JobStateChanged(job.pk, job.project_id, "", JobState.PENDING, job.reason,
-                                job.submitted_at.isoformat()),
+                JobStateChanged(
+                    job.pk, job.project_id, "", JobState.PENDING, job.reason, job.submitted_at.isoformat()
+                ),
             )
     except IntegrityError:
         if not idempotency_key:
@@ -137,16 +141,24 @@ def cancel_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -
 def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
     """Keep a pending job from being scheduled until it is released."""
     return transition_job(
-        job.pk, JobState.HELD, actor=actor, reason=PendingReason.HELD,
-        message=message or _by(actor, "held"), only_from=[JobState.PENDING],
+        job.pk,
+        JobState.HELD,
+        actor=actor,
+        reason=PendingReason.HELD,
+        message=message or _by(actor, "held"),
+        only_from=[JobState.PENDING],
     )
 
 
 def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
     """Return a held job to the queue."""
     return transition_job(
-        job.pk, JobState.PENDING, actor=actor, reason=PendingReason.NONE,
-        message=message or _by(actor, "released"), only_from=[JobState.HELD],
+        job.pk,
+        JobState.PENDING,
+        actor=actor,
+        reason=PendingReason.NONE,
+        message=message or _by(actor, "released"),
+        only_from=[JobState.HELD],
     )
 
 
@@ -154,8 +166,12 @@ def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
     """Stop the job's current attempt and put the job back in the queue; the next placement is
     a new attempt of the same job."""
     return transition_job(
-        job.pk, JobState.PENDING, actor=actor, reason=PendingReason.REQUEUED,
-        message=message or _by(actor, "requeued"), only_from=ACTIVE_STATES,
+        job.pk,
+        JobState.PENDING,
+        actor=actor,
+        reason=PendingReason.REQUEUED,
+        message=message or _by(actor, "requeued"),
+        only_from=ACTIVE_STATES,
     )
 
 

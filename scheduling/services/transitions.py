@@ -76,10 +76,7 @@ class InvalidTransition(Exception):
 
     def __init__(self, job_id: int, current: str, to: str) -> None:
         self.job_id, self.current, self.to = job_id, current, to
-        if current in TERMINAL_STATES:
-            why = f"{current} is a final state"
-        else:
-            why = f"{current} cannot become {to}"
+        why = f"{current} is a final state" if current in TERMINAL_STATES else f"{current} cannot become {to}"
         super().__init__(f"job {job_id}: {why}.")
 
 

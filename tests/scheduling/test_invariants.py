@@ -56,7 +56,9 @@ def test_no_gpu_has_two_active_allocations(db_alias):
         Allocation.objects.using(db_alias).create(attempt=second, job=other, node=node, gpu=gpu)
 
     # Once released, the GPU may be allocated again; history keeps both rows.
-    Allocation.objects.using(db_alias).filter(gpu=gpu).update(active=False, released_at="2026-01-01T00:00:00Z")
+    Allocation.objects.using(db_alias).filter(gpu=gpu).update(
+        active=False, released_at="2026-01-01T00:00:00Z"
+    )
     Allocation.objects.using(db_alias).create(attempt=second, job=other, node=node, gpu=gpu)
     assert Allocation.objects.using(db_alias).filter(gpu=gpu).count() == 2
 
@@ -65,11 +67,17 @@ def test_reactivating_a_released_allocation_is_refused(db_alias):
     user, queue, node, job = _world(db_alias)
     gpu = GpuDevice.objects.using(db_alias).get(node=node, index=1)
     old = Allocation.objects.using(db_alias).create(
-        attempt=_attempt(job, node, 1, db_alias, active=False), job=job, node=node, gpu=gpu,
-        active=False, released_at="2026-01-01T00:00:00Z",
+        attempt=_attempt(job, node, 1, db_alias, active=False),
+        job=job,
+        node=node,
+        gpu=gpu,
+        active=False,
+        released_at="2026-01-01T00:00:00Z",
     )
     other = make_job(user, queue, using=db_alias)
-    Allocation.objects.using(db_alias).create(attempt=_attempt(other, node, 1, db_alias), job=other, node=node, gpu=gpu)
+    Allocation.objects.using(db_alias).create(
+        attempt=_attempt(other, node, 1, db_alias), job=other, node=node, gpu=gpu
+    )
     with refused(db_alias), transaction.atomic(using=db_alias):
         Allocation.objects.using(db_alias).filter(pk=old.pk).update(active=True, released_at=None)
 
@@ -128,15 +136,23 @@ def test_allocation_resources_cannot_go_negative(db_alias, field):
 )
 def test_quota_cannot_go_negative(db_alias, changes):
     _, queue, _, _ = _world(db_alias)
-    quota = QueueQuota.objects.using(db_alias).create(queue=queue, gpu_model=gpu_model("h100", db_alias), gpus=8)
+    quota = QueueQuota.objects.using(db_alias).create(
+        queue=queue, gpu_model=gpu_model("h100", db_alias), gpus=8
+    )
     with refused(db_alias), transaction.atomic(using=db_alias):
         QueueQuota.objects.using(db_alias).filter(pk=quota.pk).update(**changes)
 
 
 @pytest.mark.parametrize(
     "changes",
-    [{"nodes": 0}, {"gpus_per_node": -1}, {"cpu_millicores_per_node": -1}, {"memory_bytes_per_node": -1},
-     {"gpu_model": None}, {"state": "LOST"}],
+    [
+        {"nodes": 0},
+        {"gpus_per_node": -1},
+        {"cpu_millicores_per_node": -1},
+        {"memory_bytes_per_node": -1},
+        {"gpu_model": None},
+        {"state": "LOST"},
+    ],
     ids=["nodes", "gpus", "cpu", "memory", "gpus-without-model", "unknown-state"],
 )
 def test_job_requests_are_checked(db_alias, changes):

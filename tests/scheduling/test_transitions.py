@@ -188,7 +188,7 @@ def test_live_event_is_published_after_commit_only(alice, queue):
         async def receive(timeout: float):
             try:
                 return await asyncio.wait_for(layer.receive(channel), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
 
         await sync_to_async(rolled_back)()

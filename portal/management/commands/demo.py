@@ -41,6 +41,8 @@ class Command(BaseCommand):
         from portal.asgi import application
 
         try:
-            Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port)).run()
+            Server(
+                application=application, endpoints=build_endpoint_description_strings(host=host, port=port)
+            ).run()
         finally:
             stop.set()

@@ -1,0 +1,190 @@
+"""The operations console: every page renders, bad input is a form error, actions use services."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from clusters.choices import NodeState
+from clusters.models import Node
+from scheduling.choices import JobState
+from scheduling.models import Allocation, QueueQuota
+from scheduling.services.allocations import NodePlacement, bind_job
+from tests.factories import gpu_model, make_job
+
+pytestmark = pytest.mark.django_db
+
+MODELS = sorted(admin.site._registry, key=lambda m: m._meta.label)
+
+
+@pytest.fixture
+def console(client, operator):
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
+def world(alice, queue, node):
+    job = make_job(alice, queue, gpus=2)
+    bind_job(job, [NodePlacement(node, [0, 1])])
+    QueueQuota.objects.create(queue=queue, gpu_model=gpu_model("h100"), gpus=16)
+    return job
+
+
+@pytest.mark.parametrize("model", MODELS, ids=[m._meta.label for m in MODELS])
+def test_every_changelist_and_change_page_renders(console, world, model):
+    opts = model._meta
+    listing = console.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+    assert listing.status_code == 200
+    obj = model._default_manager.first()
+    if obj is not None:
+        page = console.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]))
+        assert page.status_code == 200
+
+
+def test_search_and_filters_render(console, world):
+    url = reverse("admin:scheduling_job_changelist")
+    assert console.get(url, {"q": "job", "state__exact": "SCHEDULED"}).status_code == 200
+    assert (
+        console.get(
+            reverse("admin:clusters_node_changelist"), {"q": "a-n", "state__exact": "ready"}
+        ).status_code
+        == 200
+    )
+
+
+def _node_form(node: Node, **changes) -> dict:
+    data = {
+        "cluster": node.cluster_id,
+        "name": node.name,
+        "cpu_millicores_capacity": node.cpu_millicores_capacity,
+        "cpu_millicores_allocatable": node.cpu_millicores_allocatable,
+        "memory_bytes_capacity": node.memory_bytes_capacity,
+        "memory_bytes_allocatable": node.memory_bytes_allocatable,
+        "gpu_capacity": node.gpu_capacity,
+        "labels": "{}",
+        "rack": "",
+        "switch": "",
+        "nvlink_domain": "",
+        "agent_version": "",
+        "power_state": "on",
+        "gpus-TOTAL_FORMS": 0,
+        "gpus-INITIAL_FORMS": 0,
+        "events-TOTAL_FORMS": 0,
+        "events-INITIAL_FORMS": 0,
+    }
+    return data | changes
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"gpu_capacity": -1}, "Capacities cannot be negative"),
+        (
+            {"cpu_millicores_capacity": -1000, "cpu_millicores_allocatable": 0},
+            "Capacities cannot be negative",
+        ),
+        (
+            {"memory_bytes_allocatable": 10**15},
+            "Allocatable CPU and memory must be between 0 and the capacity",
+        ),
+    ],
+    ids=["gpus", "cpu", "allocatable"],
+)
+def test_bad_capacity_is_a_form_error_not_a_500(console, node, changes, message):
+    url = reverse("admin:clusters_node_change", args=[node.pk])
+    response = console.post(url, _node_form(node, **changes))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    fresh = Node.objects.get(pk=node.pk)
+    assert (
+        fresh.gpu_capacity == node.gpu_capacity
+        and fresh.cpu_millicores_capacity == node.cpu_millicores_capacity
+    )
+
+
+def test_negative_quota_is_a_form_error(console, queue):
+    url = reverse("admin:scheduling_queue_change", args=[queue.pk])
+    data = {
+        "project": queue.project_id,
+        "name": queue.name,
+        "priority": 0,
+        "fair_share_weight": 1.0,
+        "cohort": "",
+        "quotas-TOTAL_FORMS": 1,
+        "quotas-INITIAL_FORMS": 0,
+        "quotas-0-gpu_model": gpu_model("h100").pk,
+        "quotas-0-gpus": -4,
+        "quotas-0-queue": queue.pk,
+    }
+    response = console.post(url, data)
+    assert response.status_code == 200
+    assert "Quotas and borrowing limits cannot be negative" in response.content.decode()
+    assert not QueueQuota.objects.filter(queue=queue).exists()
+
+
+def test_drain_action_goes_through_the_service(console, world, node):
+    response = console.post(
+        reverse("admin:clusters_node_changelist"),
+        {"action": "drain", "_selected_action": [node.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    node.refresh_from_db()
+    assert node.state == NodeState.DRAINING  # it still runs the job
+    assert node.events.get().actor.username == "ops"
+
+
+def test_resume_of_a_ready_node_warns(console, node):
+    response = console.post(
+        reverse("admin:clusters_node_changelist"),
+        {"action": "resume", "_selected_action": [node.pk]},
+        follow=True,
+    )
+    assert "only a draining, drained or cordoned node resumes" in response.content.decode()
+
+
+def test_cancel_action_cancels_and_releases(console, world, node):
+    response = console.post(
+        reverse("admin:scheduling_job_changelist"),
+        {"action": "cancel", "_selected_action": [world.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    world.refresh_from_db()
+    assert world.state == JobState.CANCELLED
+    assert not Allocation.objects.filter(job=world, active=True).exists()
+
+
+def test_requeue_action_on_a_pending_job_is_refused_politely(console, alice, queue):
+    job = make_job(alice, queue)
+    response = console.post(
+        reverse("admin:scheduling_job_changelist"),
+        {"action": "requeue", "_selected_action": [job.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "PENDING cannot become PENDING" in response.content.decode()
+
+
+def test_job_page_shows_history_attempts_and_allocations(console, world):
+    page = console.get(reverse("admin:scheduling_job_change", args=[world.pk])).content.decode()
+    assert "SCHEDULED" in page and "placed on a-n001[0,1]" in page
+    assert "Job attempts" in page and "Allocations" in page
+
+
+def test_issuing_a_token_in_the_console_shows_it_once(console, alice):
+    response = console.post(
+        reverse("admin:portal_apitoken_add"),
+        {"user": alice.pk, "name": "laptop", "expires_at": ""},
+        follow=True,
+    )
+    assert "copy it now" in response.content.decode()
+    assert alice.api_tokens.get().name == "laptop"
+
+
+def test_non_staff_cannot_open_the_console(client, alice):
+    client.force_login(alice)
+    response = client.get(reverse("admin:scheduling_job_changelist"))
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]

@@ -1,0 +1,73 @@
+"""Demo seeding and the fleet summary page."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from clusters.models import Cluster, GpuDevice, Node
+from portal.services.demo import DemoRefused, seed_demo
+from scheduling.choices import JobState
+from scheduling.models import Allocation, Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def snapshot():
+    return (
+        Cluster.objects.count(),
+        Node.objects.count(),
+        GpuDevice.objects.count(),
+        Job.objects.count(),
+        JobEvent.objects.count(),
+        Allocation.objects.count(),
+        get_user_model().objects.count(),
+    )
+
+
+def test_seed_is_idempotent_and_varied():
+    seed_demo()
+    first = snapshot()
+    seed_demo()
+    assert snapshot() == first
+    kinds = set(Cluster.objects.values_list("nodes__gpus__model__slug", flat=True))
+    assert len(kinds) == 3
+    states = set(Job.objects.values_list("state", flat=True))
+    assert {
+        JobState.PENDING,
+        JobState.HELD,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+    } <= states
+    assert Job.objects.filter(state=JobState.PENDING).exclude(reason_message="").exists()
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.is_staff and admin.check_password("admin")
+
+
+def test_seed_refuses_a_production_configuration(settings):
+    settings.PRODUCTION = True
+    with pytest.raises(DemoRefused):
+        seed_demo()
+    with pytest.raises(CommandError, match="production"):
+        call_command("seed_demo")
+    assert not Cluster.objects.exists()
+
+
+def test_fleet_summary_page(client):
+    seed_demo()
+    page = client.get("/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "sim-a" in body and "22/22" in body and "h100-80g" in body
+    client.login(username="alice", password="alice")
+    body = client.get("/").content.decode()
+    assert "Your projects&#x27; jobs" in body or "Your projects' jobs" in body
+
+
+def test_metrics_endpoint(client):
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert b"django_http_requests" in response.content

@@ -1,0 +1,140 @@
+"""Job services: submission with idempotency keys, hold/release/cancel/requeue, binding."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError
+
+from clusters.choices import NodeState
+from clusters.services.nodes import drain_node
+from scheduling.choices import EventKind, JobState, PendingReason
+from scheduling.models import Allocation, Job, JobEvent
+from scheduling.services.allocations import NodePlacement, PlacementRefused, bind_job
+from scheduling.services.jobs import (
+    IdempotencyConflict,
+    JobRequest,
+    cancel_job,
+    explain_pending,
+    hold_job,
+    release_job,
+    requeue_job,
+    submit_job,
+)
+from scheduling.services.transitions import InvalidTransition, transition_job
+from tests.factories import gpu_model, make_job, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def request(queue, **changes) -> JobRequest:
+    fields = {
+        "name": "train",
+        "queue": queue,
+        "gpu_model": gpu_model("h100"),
+        "gpus_per_node": 8,
+        "command": "python train.py",
+    } | changes
+    return JobRequest(**fields)
+
+
+def test_submit_creates_a_pending_job_with_its_history(alice, queue):
+    job, created = submit_job(request(queue), actor=alice)
+    assert created
+    assert (job.state, job.reason, job.project_id, job.owner_id) == (
+        JobState.PENDING,
+        PendingReason.NONE,
+        queue.project_id,
+        alice.pk,
+    )
+    event = JobEvent.objects.get(job=job)
+    assert (event.kind, event.to_state, event.actor_id) == (EventKind.SUBMITTED, JobState.PENDING, alice.pk)
+
+
+def test_same_idempotency_key_returns_the_same_job(alice, queue):
+    first, created = submit_job(request(queue), actor=alice, idempotency_key="k1")
+    again, created_again = submit_job(request(queue), actor=alice, idempotency_key="k1")
+    assert (created, created_again, again.pk) == (True, False, first.pk)
+    assert Job.objects.filter(owner=alice).count() == 1
+
+
+def test_same_key_with_another_request_is_a_conflict(alice, queue):
+    first, _ = submit_job(request(queue), actor=alice, idempotency_key="k1")
+    with pytest.raises(IdempotencyConflict) as exc:
+        submit_job(request(queue, gpus_per_node=4), actor=alice, idempotency_key="k1")
+    assert exc.value.job.pk == first.pk
+    assert Job.objects.count() == 1
+
+
+def test_keys_are_per_owner(alice, bob, queue):
+    a, _ = submit_job(request(queue), actor=alice, idempotency_key="k1")
+    b, created = submit_job(request(queue), actor=bob, idempotency_key="k1")
+    assert created and a.pk != b.pk
+
+
+def test_hold_release_cancel(alice, queue):
+    job = make_job(alice, queue)
+    assert hold_job(job, actor=alice).state == JobState.HELD
+    with pytest.raises(InvalidTransition):
+        hold_job(job, actor=alice)
+    assert release_job(job, actor=alice).state == JobState.PENDING
+    assert cancel_job(job, actor=alice).state == JobState.CANCELLED
+    with pytest.raises(InvalidTransition):
+        cancel_job(job, actor=alice)
+    kinds = list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True))
+    assert kinds == [JobState.HELD, JobState.PENDING, JobState.CANCELLED]
+
+
+def test_requeue_needs_an_active_job_and_frees_its_gpus(alice, queue, node):
+    job = make_job(alice, queue, gpus=2)
+    with pytest.raises(InvalidTransition):
+        requeue_job(job, actor=alice)
+    bind_job(job, [NodePlacement(node, [0, 1])])
+    transition_job(job.pk, JobState.RUNNING)
+    job = requeue_job(job, actor=alice)
+    assert (job.state, job.reason) == (JobState.PENDING, PendingReason.REQUEUED)
+    assert not Allocation.objects.filter(job=job, active=True).exists()
+
+
+def test_explain_pending_only_touches_pending_jobs(alice, queue):
+    pending, held = make_job(alice, queue), make_job(alice, queue, state=JobState.HELD)
+    assert explain_pending(pending.pk, PendingReason.RESOURCES, "0/1 nodes fit")
+    assert not explain_pending(held.pk, PendingReason.RESOURCES, "0/1 nodes fit")
+    pending.refresh_from_db()
+    assert (pending.reason, pending.reason_message) == (PendingReason.RESOURCES, "0/1 nodes fit")
+
+
+@pytest.mark.parametrize(
+    "placement_gpus, why",
+    [([0], "needs 2 GPU"), ([0, 9], "has no GPUs")],
+    ids=["too-few", "missing-index"],
+)
+def test_bind_refuses_placements_that_do_not_fit(alice, queue, node, placement_gpus, why):
+    job = make_job(alice, queue, gpus=2)
+    with pytest.raises(PlacementRefused, match=why):
+        bind_job(job, [NodePlacement(node, placement_gpus)])
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+
+
+def test_bind_refuses_another_model(alice, queue):
+    a100_node = make_node(gpus=2, model="a100")
+    job = make_job(alice, queue, gpus=1, model="h100")
+    with pytest.raises(PlacementRefused):
+        bind_job(job, [NodePlacement(a100_node, [0])])
+
+
+def test_the_database_refuses_a_double_booked_gpu(alice, queue, node):
+    first, second = make_job(alice, queue, gpus=1), make_job(alice, queue, gpus=1)
+    bind_job(first, [NodePlacement(node, [3])])
+    with pytest.raises(IntegrityError):
+        bind_job(second, [NodePlacement(node, [3])])
+
+
+def test_draining_node_becomes_drained_when_its_last_job_ends(alice, queue, node, operator):
+    job = make_job(alice, queue, gpus=1)
+    bind_job(job, [NodePlacement(node, [0])])
+    node = drain_node(node, actor=operator)
+    assert node.state == NodeState.DRAINING
+    transition_job(job.pk, JobState.RUNNING)
+    transition_job(job.pk, JobState.SUCCEEDED, exit_code=0)
+    node.refresh_from_db()
+    assert node.state == NodeState.DRAINED
