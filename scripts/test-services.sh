@@ -25,10 +25,11 @@ if [ -z "${ORRERY_TEST_DATABASE_URL:-}" ]; then
     for _ in $(seq 1 30); do pg_up && break; sleep 1; done
     pg_up || { log "PostgreSQL does not answer on 127.0.0.1:5432"; exit 1; }
   fi
-  # A fresh Debian cluster asks for a password over TCP: give the postgres role a known one.
-  # Where the server trusts loopback (as on CI), the password is simply ignored.
-  if as_root runuser -u postgres -- true 2>/dev/null; then
-    as_root runuser -u postgres -- psql -q -c "ALTER ROLE postgres PASSWORD 'postgres'" >/dev/null 2>&1 || true
+  # A fresh Debian cluster asks for a password over TCP: when ours is refused, give the postgres
+  # role the known test password through the local socket (peer authentication as postgres).
+  if ! PGPASSWORD=postgres psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1; then
+    log "setting the postgres role's test password"
+    as_root runuser -u postgres -- psql -q -c "ALTER ROLE postgres PASSWORD 'postgres'" >&2
   fi
 fi
 
