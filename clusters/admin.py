@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
-from clusters.console import ReadOnlyAdminMixin, service_action
+from clusters.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, Node, NodeEvent
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 
@@ -67,16 +67,11 @@ class GpuDeviceInline(admin.TabularInline):
     readonly_fields = ["utilization", "memory_used_mb", "power_w", "temperature_c"]
 
 
-class NodeEventInline(admin.TabularInline):
+class NodeEventInline(ReadOnlyInline):
     model = NodeEvent
-    extra = 0
     fields = ["at", "from_state", "to_state", "reason", "actor"]
     readonly_fields = fields
     ordering = ["-id"]
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
-        return False
 
 
 @admin.register(Node)

@@ -47,3 +47,10 @@ class ReadOnlyAdminMixin:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """An inline of append-only rows shown on their parent's page."""
+
+    extra = 0
+    can_delete = False

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from clusters.console import ReadOnlyAdminMixin, service_action
+from clusters.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
@@ -34,18 +34,6 @@ class QueueAdmin(admin.ModelAdmin):
     @admin.display(description="Quota")
     def quota_summary(self, obj: Queue) -> str:
         return ", ".join(f"{q.gpus} {q.gpu_model.slug}" for q in obj.quotas.all()) or "—"
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 class JobEventInline(ReadOnlyInline):
