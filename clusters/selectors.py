@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.core.cache import cache
 from django.db.models import Count, Q
 
 from clusters.choices import GpuHealth, NodeState
@@ -43,3 +44,25 @@ def cluster_summaries() -> list[ClusterSummary]:
     for row in rows:
         gpus.setdefault(row["node__cluster_id"], {})[row["model__slug"]] = row["n"]
     return [ClusterSummary(c, c.nodes_total, c.nodes_ready, gpus.get(c.pk, {})) for c in clusters]
+
+
+_CAPACITY_TTL_S = 30
+
+
+def gpu_capacity_histogram(gpu_model_id: int) -> dict[int, int]:
+    """``{GPUs of this model on a node: number of such nodes}`` over the whole fleet, whatever the
+    nodes' state. Cached for 30 s: submission asks it for every job, the fleet changes slowly."""
+    key = f"orrery:gpu-capacity:{gpu_model_id}"
+    histogram = cache.get(key)
+    if histogram is None:
+        per_node = (
+            GpuDevice.objects.filter(model_id=gpu_model_id)
+            .values("node_id")
+            .annotate(n=Count("id"))
+            .values_list("n", flat=True)
+        )
+        histogram = {}
+        for n in per_node:
+            histogram[n] = histogram.get(n, 0) + 1
+        cache.set(key, histogram, _CAPACITY_TTL_S)
+    return histogram

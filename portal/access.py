@@ -11,6 +11,7 @@ from django.http import Http404
 from portal.choices import Role
 from portal.models import Membership, Project
 from scheduling.models import Job, Queue
+from scheduling.spec import SpecError
 
 
 def visible_projects(user: AbstractBaseUser) -> QuerySet[Project]:
@@ -47,3 +48,27 @@ def usable_queues(user: AbstractBaseUser) -> QuerySet[Queue]:
     if user.is_staff:
         return queues
     return queues.filter(project__memberships__user=user)
+
+
+def submission_queue(user: AbstractBaseUser, project: str | None, queue: str, *, path: str = "") -> Queue:
+    """The queue a spec names, if ``user`` may submit to it; ``SpecError`` naming the field if not.
+
+    Without a project, the user's only project is meant. A project the user does not belong to
+    gets the same answer as one that does not exist, so names do not leak."""
+    p = f"{path}." if path else ""
+    projects = visible_projects(user) if user.is_staff else Project.objects.filter(memberships__user=user)
+    if project is None:
+        mine = list(projects[:2])
+        if len(mine) != 1:
+            raise SpecError(
+                [(f"{p}metadata.project", f"is required: you belong to {len(mine)} or more projects")]
+            )
+        found = mine[0]
+    else:
+        found = projects.filter(name=project).first()
+        if found is None:
+            raise SpecError([(f"{p}metadata.project", f"no project '{project}' that you are a member of")])
+    chosen = Queue.objects.select_related("project").filter(project=found, name=queue).first()
+    if chosen is None:
+        raise SpecError([(f"{p}spec.queue", f"project '{found.name}' has no queue '{queue}'")])
+    return chosen

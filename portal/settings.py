@@ -74,6 +74,8 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "django_prometheus",
     "clusters",
@@ -184,9 +186,44 @@ STORAGES = {
 }
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.parsers.StrictJsonParser",
+        "portal.api.parsers.YamlParser",
+        "portal.api.parsers.XYamlParser",
+        "portal.api.parsers.TextYamlParser",
+    ],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_THROTTLE_RATES": {
+        "submit": os.environ.get("ORRERY_THROTTLE_SUBMIT", "1200/min"),
+        "read": os.environ.get("ORRERY_THROTTLE_READ", "6000/min"),
+        "anon": os.environ.get("ORRERY_THROTTLE_ANON", "120/min"),
+    },
+    "DEFAULT_THROTTLE_CLASSES": ["portal.api.throttles.AnonymousThrottle"],
+    "EXCEPTION_HANDLER": "portal.api.errors.handle_exception",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Orrery API",
+    "DESCRIPTION": "One job API for every GPU cluster. Authenticate with `Authorization: Bearer <token>`.",
+    "VERSION": "v1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduling.choices.JobState",
+        "NodeStateEnum": "clusters.choices.NodeState",
+        "ClusterStateEnum": "clusters.choices.ClusterState",
+    },
+}
+# Job specs are small; a batch of 1,000 fits in a few MiB. Larger bodies are refused (413).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
 
 LOGGING = {
     "version": 1,
@@ -207,3 +244,5 @@ ORRERY_NODE_WORKLOAD = "scheduling.selectors.busy_node_ids"
 ORRERY_EMBEDDED_TASKS = [
     ("clusters.services.nodes.settle_draining_nodes", 5.0),
 ]
+# Flow control: a project's waiting (PENDING + HELD) jobs are capped; submissions past it get 429.
+ORRERY_MAX_WAITING_JOBS_PER_PROJECT = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_PER_PROJECT", 100_000))

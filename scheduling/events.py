@@ -15,6 +15,15 @@ class JobStateChanged:
     at: str
 
 
+@dataclass(frozen=True)
+class JobsSubmitted:
+    """New jobs in a project: the first hundred ids and how many in all (a batch may be large)."""
+
+    project_id: int
+    job_ids: list[int]
+    count: int
+
+
 def job_groups(job_id: int, project_id: int) -> list[str]:
     """The channel-layer groups that hear about a job: its own page and its project's lists."""
     return [f"job.{job_id}", f"project.{project_id}"]

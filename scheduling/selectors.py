@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
-from scheduling.models import Allocation
+from django.db.models import Count, Q
+
+from clusters.choices import GpuHealth, NodeState
+from clusters.models import GpuDevice, Node
+from scheduling.choices import ACTIVE_STATES, WAITING_STATES
+from scheduling.models import Allocation, Job
 
 
 def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
@@ -14,3 +21,82 @@ def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
         .values_list("node_id", flat=True)
         .distinct()
     )
+
+
+@dataclass(frozen=True)
+class FleetCapacity:
+    """Nodes per cluster (``{"total", "ready"}``) and GPUs per cluster and model
+    (``[{"model", "total", "healthy", "allocated", "free"}]``); free = healthy GPUs on ready
+    nodes that no active allocation holds: what a job could start on now."""
+
+    nodes: dict[int, dict[str, int]]
+    gpus: dict[int, list[dict[str, Any]]]
+
+
+def fleet_capacity(cluster_ids: Iterable[int] | None = None) -> FleetCapacity:
+    """Three grouped queries, whatever the size of the fleet."""
+    nodes_q, devices_q, allocs_q = (
+        Node.objects.all(),
+        GpuDevice.objects.all(),
+        Allocation.objects.filter(active=True),
+    )
+    if cluster_ids is not None:
+        ids = list(cluster_ids)
+        nodes_q = nodes_q.filter(cluster_id__in=ids)
+        devices_q = devices_q.filter(node__cluster_id__in=ids)
+        allocs_q = allocs_q.filter(node__cluster_id__in=ids)
+    nodes: dict[int, dict[str, int]] = {}
+    for row in nodes_q.values("cluster_id").annotate(
+        total=Count("id"), ready=Count("id", filter=Q(state=NodeState.READY))
+    ):
+        nodes[row["cluster_id"]] = {"total": row["total"], "ready": row["ready"]}
+
+    usable = Q(health=GpuHealth.HEALTHY, node__state=NodeState.READY)
+    per_model: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in devices_q.values("node__cluster_id", "model__slug").annotate(
+        total=Count("id"),
+        healthy=Count("id", filter=Q(health=GpuHealth.HEALTHY)),
+        usable=Count("id", filter=usable),
+    ):
+        per_model[(row["node__cluster_id"], row["model__slug"])] = {
+            "model": row["model__slug"],
+            "total": row["total"],
+            "healthy": row["healthy"],
+            "allocated": 0,
+            "free": row["usable"],
+        }
+    held_usable = Q(gpu__health=GpuHealth.HEALTHY, node__state=NodeState.READY)
+    for row in (
+        allocs_q.filter(gpu__isnull=False)
+        .values("node__cluster_id", "gpu__model__slug")
+        .annotate(n=Count("id"), on_usable=Count("id", filter=held_usable))
+    ):
+        entry = per_model.get((row["node__cluster_id"], row["gpu__model__slug"]))
+        if entry is not None:
+            entry["allocated"] = row["n"]
+            entry["free"] -= row["on_usable"]
+    gpus: dict[int, list[dict[str, Any]]] = {}
+    for (cluster_id, _), entry in sorted(per_model.items()):
+        gpus.setdefault(cluster_id, []).append(entry)
+    return FleetCapacity(nodes, gpus)
+
+
+def queue_usage(queue_ids: Iterable[int]) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, int]]]:
+    """``(gpus held per queue and model, jobs per queue and state)`` for the given queues."""
+    ids = list(queue_ids)
+    held: dict[int, dict[str, int]] = {}
+    for row in (
+        Allocation.objects.filter(active=True, gpu__isnull=False, job__queue_id__in=ids)
+        .values("job__queue_id", "gpu__model__slug")
+        .annotate(n=Count("id"))
+    ):
+        held.setdefault(row["job__queue_id"], {})[row["gpu__model__slug"]] = row["n"]
+    jobs: dict[int, dict[str, int]] = {}
+    for row in (
+        Job.objects.filter(queue_id__in=ids, state__in=list(WAITING_STATES | ACTIVE_STATES))
+        .values("queue_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        jobs.setdefault(row["queue_id"], {})[row["state"]] = row["n"]
+    return held, jobs

@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from clusters.live import publish_on_commit
 from clusters.models import GpuModel
-from scheduling.choices import ACTIVE_STATES, EventKind, FailoverPolicy, JobState, PendingReason
-from scheduling.events import JobStateChanged, job_groups
+from scheduling.choices import (
+    ACTIVE_STATES,
+    WAITING_STATES,
+    EventKind,
+    FailoverPolicy,
+    JobState,
+    PendingReason,
+)
+from scheduling.events import JobsSubmitted
 from scheduling.models import Job, JobEvent, Queue
 from scheduling.services.transitions import transition_job
 
@@ -56,72 +66,147 @@ class IdempotencyConflict(Exception):
         super().__init__(f"idempotency key already used for a different request (job {job.pk}).")
 
 
+class TooManyPending(Exception):
+    """Accepting the jobs would take a project or queue past its cap on waiting jobs."""
+
+
 def submit_job(
     request: JobRequest, *, actor: AbstractBaseUser, idempotency_key: str | None = None
 ) -> tuple[Job, bool]:
-    """Create a PENDING job; returns ``(job, created)``.
+    """Create one PENDING job; returns ``(job, created)``. See ``submit_jobs``."""
+    jobs, created = submit_jobs([request], actor=actor, idempotency_key=idempotency_key)
+    return jobs[0], created
 
-    With an ``idempotency_key``, a retry of the same request returns the job made the first time
+
+def submit_jobs(
+    requests: Sequence[JobRequest], *, actor: AbstractBaseUser, idempotency_key: str | None = None
+) -> tuple[list[Job], bool]:
+    """Create PENDING jobs, all or none, in one transaction; returns ``(jobs, created)``.
+
+    With an ``idempotency_key``, a retry of the same request returns the jobs made the first time
     (``created`` False) and creates nothing; the same key with a different request raises
-    ``IdempotencyConflict``. The unique constraint on ``(owner, idempotency_key)`` settles races
-    between concurrent retries.
+    ``IdempotencyConflict``. A batch stores ``KEY#0``, ``KEY#1``… on its jobs. The unique
+    constraint on ``(owner, idempotency_key)`` settles races between concurrent retries.
+    Raises ``TooManyPending`` when a cap on waiting jobs would be passed.
     """
-    digest = request.digest()
+    if not requests:
+        raise ValueError("nothing to submit")
+    keys: list[str | None] = [None] * len(requests)
     if idempotency_key:
-        existing = Job.objects.filter(owner=actor, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return _same_request(existing, digest), False
+        keys = (
+            [idempotency_key]
+            if len(requests) == 1
+            else [f"{idempotency_key}#{i}" for i in range(len(requests))]
+        )
+    digests = [r.digest() for r in requests]
+    if idempotency_key and (existing := _earlier_submission(actor, keys, digests)):
+        return existing, False
     try:
         with transaction.atomic():
-            job = Job.objects.create(
-                owner=actor,
-                project_id=request.queue.project_id,
-                queue=request.queue,
-                name=request.name,
-                labels=request.labels,
-                priority=request.priority,
-                nodes=request.nodes,
-                gpu_model=request.gpu_model,
-                gpus_per_node=request.gpus_per_node,
-                cpu_millicores_per_node=request.cpu_millicores_per_node,
-                memory_bytes_per_node=request.memory_bytes_per_node,
-                time_limit_s=request.time_limit_s,
-                command=request.command,
-                spec=request.spec,
-                placement=request.placement,
-                retries=request.retries,
-                failover_policy=request.failover_policy,
-                idempotency_key=idempotency_key or None,
-                request_digest=digest,
-                state=JobState.PENDING,
-                reason=PendingReason.NONE,
+            _check_waiting_caps(requests)
+            jobs = Job.objects.bulk_create(
+                [
+                    _new_job(r, actor=actor, key=key, digest=d)
+                    for r, key, d in zip(requests, keys, digests, strict=True)
+                ]
             )
-            JobEvent.objects.create(
-                job=job,
-                kind=EventKind.SUBMITTED,
-                to_state=JobState.PENDING,
-                actor=actor,
-                message=f"submitted to {request.queue}",
+            JobEvent.objects.bulk_create(
+                JobEvent(
+                    job=job,
+                    kind=EventKind.SUBMITTED,
+                    to_state=JobState.PENDING,
+                    actor=actor,
+                    message=f"submitted to {job.queue}",
+                )
+                for job in jobs
             )
-            publish_on_commit(
-                job_groups(job.pk, job.project_id),
-                JobStateChanged(
-                    job.pk, job.project_id, "", JobState.PENDING, job.reason, job.submitted_at.isoformat()
-                ),
-            )
+            for project_id, ids in _ids_by_project(jobs).items():
+                publish_on_commit([f"project.{project_id}"], JobsSubmitted(project_id, ids[:100], len(ids)))
     except IntegrityError:
         if not idempotency_key:
             raise
-        # A concurrent retry with the same key committed first: answer with its job.
-        existing = Job.objects.get(owner=actor, idempotency_key=idempotency_key)
-        return _same_request(existing, digest), False
-    return job, True
+        # A concurrent retry with the same key committed first: answer with its jobs.
+        existing = _earlier_submission(actor, keys, digests)
+        if not existing:
+            raise
+        return existing, False
+    return jobs, True
 
 
-def _same_request(job: Job, digest: str) -> Job:
-    if job.request_digest != digest:
-        raise IdempotencyConflict(job)
-    return job
+def _new_job(request: JobRequest, *, actor: AbstractBaseUser, key: str | None, digest: str) -> Job:
+    return Job(
+        owner=actor,
+        project_id=request.queue.project_id,
+        queue=request.queue,
+        name=request.name,
+        labels=request.labels,
+        priority=request.priority,
+        nodes=request.nodes,
+        gpu_model=request.gpu_model,
+        gpus_per_node=request.gpus_per_node,
+        cpu_millicores_per_node=request.cpu_millicores_per_node,
+        memory_bytes_per_node=request.memory_bytes_per_node,
+        time_limit_s=request.time_limit_s,
+        command=request.command,
+        spec=request.spec,
+        placement=request.placement,
+        retries=request.retries,
+        failover_policy=request.failover_policy,
+        idempotency_key=key,
+        request_digest=digest,
+        state=JobState.PENDING,
+        reason=PendingReason.NONE,
+    )
+
+
+def _earlier_submission(actor: AbstractBaseUser, keys: list[str | None], digests: list[str]) -> list[Job]:
+    """The jobs an earlier submission with these keys made, in order; [] if there was none."""
+    found = {j.idempotency_key: j for j in Job.objects.filter(owner=actor, idempotency_key__in=keys)}
+    if not found:
+        return []
+    jobs = [found.get(key) for key in keys]
+    if any(job is None or job.request_digest != d for job, d in zip(jobs, digests, strict=True)):
+        raise IdempotencyConflict(next(iter(found.values())))
+    return jobs  # type: ignore[return-value]
+
+
+def _check_waiting_caps(requests: Sequence[JobRequest]) -> None:
+    """Refuse jobs that would take a project or a queue past its cap on waiting jobs.
+
+    The queues of the projects involved are locked first (in id order, so two batches cannot
+    deadlock): concurrent submissions to one project then count one after the other, and the
+    cap holds exactly."""
+    per_queue = Counter(r.queue.pk for r in requests)
+    per_project = Counter(r.queue.project_id for r in requests)
+    queues = {
+        q.pk: q for q in Queue.objects.select_for_update().filter(project_id__in=per_project).order_by("pk")
+    }
+    waiting = Job.objects.filter(state__in=WAITING_STATES)
+    cap = settings.ORRERY_MAX_WAITING_JOBS_PER_PROJECT
+    for project_id, adding in per_project.items():
+        now = waiting.filter(project_id=project_id).count()
+        if now + adding > cap:
+            raise TooManyPending(
+                f"the project has {now} waiting jobs and may have at most {cap}; "
+                f"{adding} more would pass the cap — wait for some to start or cancel some"
+            )
+    for queue_id, adding in per_queue.items():
+        queue = queues[queue_id]
+        if queue.max_pending_jobs is None:
+            continue
+        now = waiting.filter(queue_id=queue_id).count()
+        if now + adding > queue.max_pending_jobs:
+            raise TooManyPending(
+                f"queue {queue} has {now} waiting jobs and may have at most {queue.max_pending_jobs}; "
+                f"{adding} more would pass the cap"
+            )
+
+
+def _ids_by_project(jobs: list[Job]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for job in jobs:
+        out.setdefault(job.project_id, []).append(job.pk)
+    return out
 
 
 def explain_pending(job_id: int, reason: str, message: str) -> bool:

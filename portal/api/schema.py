@@ -1,0 +1,115 @@
+"""The job spec as an OpenAPI schema, for the generated API document and its clients.
+
+The authority is ``scheduling.spec``; this schema describes the same shape so that tools (and
+schemathesis, in the tests) can build valid requests."""
+
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+
+JOB_SPEC_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"type": "string", "enum": ["orrery/v1"]},
+        "kind": {"type": "string", "enum": ["Job"]},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
+                "project": {"type": "string", "description": "Defaults to your only project."},
+                "labels": _STRING_MAP,
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "queue": {"type": "string", "default": "default"},
+                "priority": {
+                    "oneOf": [
+                        {"type": "string", "enum": ["low", "normal", "high"]},
+                        {"type": "integer", "minimum": -1000, "maximum": 1000},
+                    ]
+                },
+                "resources": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "nodes": {"type": "integer", "minimum": 1, "maximum": 4096},
+                        "gpus": {
+                            "oneOf": [
+                                {"type": "string", "description": "MODEL:COUNT, e.g. h100:8"},
+                                {"type": "integer", "enum": [0]},
+                                {
+                                    "type": "object",
+                                    "required": ["model"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "model": {"type": "string"},
+                                        "count": {"type": "integer", "minimum": 0, "maximum": 64},
+                                    },
+                                },
+                            ]
+                        },
+                        "cpus": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}]},
+                        "memory": {
+                            "oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+                            "description": "256Gi, 512M…; a bare number is MiB",
+                        },
+                    },
+                },
+                "timeLimit": {
+                    "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 1}],
+                    "description": "2h, 1-00:00:00, PT2H; a bare number is minutes",
+                },
+                "run": {"type": "string"},
+                "setup": {"type": "string"},
+                "image": {"type": "string"},
+                "env": _STRING_MAP,
+                "workdir": {"type": "string"},
+                "placement": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "clusters": {"type": "array", "items": {"type": "string"}},
+                        "nodeSelector": _STRING_MAP,
+                    },
+                },
+                "retries": {"type": "integer", "minimum": 0, "maximum": 100},
+                "failover": {"type": "string", "enum": ["requeue", "hold", "fail"]},
+                "array": {"type": "string", "description": "0-99, 0-99:2 or 1,3,5"},
+                "sim": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "duration": {"type": "string"},
+                        "exitCode": {"type": "integer", "minimum": 0, "maximum": 255},
+                    },
+                },
+            },
+        },
+    },
+}
+
+JOB_BATCH_SCHEMA = {
+    "type": "object",
+    "required": ["jobs"],
+    "additionalProperties": False,
+    "properties": {"jobs": {"type": "array", "items": JOB_SPEC_SCHEMA, "minItems": 1, "maxItems": 1000}},
+}
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "detail": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+}

@@ -1,0 +1,235 @@
+"""What the API shows. Read-only serializers: input goes through the spec parser and services,
+so no field a user sends can set state, owner or attempt data (no mass assignment)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from clusters.models import Cluster, GpuModel, Node
+from portal.models import ApiToken
+from scheduling.choices import SHORT_CODES, WAITING_STATES
+from scheduling.models import Job, JobEvent
+
+
+class JobSerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.name")
+    queue = serializers.CharField(source="queue.name")
+    owner = serializers.CharField(source="owner.username")
+    stateCode = serializers.SerializerMethodField()
+    reason = serializers.SerializerMethodField()
+    reasonMessage = serializers.SerializerMethodField()
+    resources = serializers.SerializerMethodField()
+    timeLimitSeconds = serializers.IntegerField(source="time_limit_s")
+    submittedAt = serializers.DateTimeField(source="submitted_at")
+    startedAt = serializers.DateTimeField(source="started_at")
+    finishedAt = serializers.DateTimeField(source="finished_at")
+    exitCode = serializers.IntegerField(source="exit_code")
+    attempts = serializers.IntegerField(source="attempt_count")
+    placement = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "project",
+            "queue",
+            "owner",
+            "state",
+            "stateCode",
+            "reason",
+            "reasonMessage",
+            "priority",
+            "labels",
+            "resources",
+            "timeLimitSeconds",
+            "submittedAt",
+            "startedAt",
+            "finishedAt",
+            "exitCode",
+            "attempts",
+            "placement",
+        ]
+        read_only_fields = fields
+
+    def get_stateCode(self, job: Job) -> str:
+        return SHORT_CODES[job.state]
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_reason(self, job: Job) -> str | None:
+        return job.reason if job.state in WAITING_STATES else None
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_reasonMessage(self, job: Job) -> str | None:
+        if job.state not in WAITING_STATES:
+            return None
+        return job.reason_message or _REASON_SENTENCES.get(job.reason, "")
+
+    @extend_schema_field({"type": "object"})
+    def get_resources(self, job: Job) -> dict[str, Any]:
+        return {
+            "nodes": job.nodes,
+            "gpus": {"model": job.gpu_model.slug if job.gpu_model else None, "count": job.gpus_per_node},
+            "cpuMillicores": job.cpu_millicores_per_node,
+            "memoryBytes": job.memory_bytes_per_node,
+        }
+
+    @extend_schema_field({"type": "object", "nullable": True})
+    def get_placement(self, job: Job) -> dict[str, Any] | None:
+        """Where the latest attempt runs or ran: cluster, and per node the GPU indices."""
+        attempts = list(job.attempts.all())  # prefetched, ordered by number
+        if not attempts:
+            return None
+        attempt = attempts[-1]
+        nodes: dict[str, list[int]] = {}
+        for allocation in attempt.allocations.all():
+            indices = nodes.setdefault(allocation.node.name, [])
+            if allocation.gpu is not None:
+                indices.append(allocation.gpu.index)
+        return {
+            "attempt": attempt.number,
+            "attemptId": str(attempt.pk),
+            "cluster": attempt.cluster.name,
+            "active": attempt.active,
+            "nodes": [{"node": name, "gpus": sorted(idx)} for name, idx in sorted(nodes.items())],
+        }
+
+
+_REASON_SENTENCES = {
+    "None": "Waiting for the scheduler's next cycle.",
+    "Held": "Held; release it to let it be scheduled.",
+    "Requeued": "Requeued; waiting to be placed again.",
+}
+
+
+class JobDetailSerializer(JobSerializer):
+    spec = serializers.JSONField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "spec"]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    fromState = serializers.CharField(source="from_state")
+    toState = serializers.CharField(source="to_state")
+    actor = serializers.SerializerMethodField()
+    attempt = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "at", "kind", "fromState", "toState", "reason", "message", "actor", "attempt"]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_actor(self, event: JobEvent) -> str | None:
+        return event.actor.username if event.actor else None
+
+    @extend_schema_field({"type": "integer", "nullable": True})
+    def get_attempt(self, event: JobEvent) -> int | None:
+        return event.attempt.number if event.attempt else None
+
+
+class GpuModelSerializer(serializers.ModelSerializer):
+    aliases = serializers.SerializerMethodField()
+    memoryMb = serializers.IntegerField(source="memory_mb")
+    tdpWatts = serializers.IntegerField(source="tdp_watts")
+    relativeThroughput = serializers.FloatField(source="relative_throughput")
+
+    class Meta:
+        model = GpuModel
+        fields = ["slug", "name", "vendor", "memoryMb", "tdpWatts", "relativeThroughput", "aliases"]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "array", "items": {"type": "string"}})
+    def get_aliases(self, model: GpuModel) -> list[str]:
+        return sorted(a.name for a in model.aliases.all())
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    """A cluster with its capacity. ``config`` and secrets are never shown here."""
+
+    displayName = serializers.CharField(source="display_name")
+    stateReason = serializers.CharField(source="state_reason")
+    stateChangedAt = serializers.DateTimeField(source="state_changed_at")
+    nodes = serializers.SerializerMethodField()
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "name",
+            "displayName",
+            "kind",
+            "state",
+            "stateReason",
+            "stateChangedAt",
+            "labels",
+            "nodes",
+            "gpus",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object"})
+    def get_nodes(self, cluster: Cluster) -> dict[str, int]:
+        return self.context["capacity"].nodes.get(cluster.pk, {"total": 0, "ready": 0})
+
+    @extend_schema_field({"type": "array", "items": {"type": "object"}})
+    def get_gpus(self, cluster: Cluster) -> list[dict[str, Any]]:
+        return self.context["capacity"].gpus.get(cluster.pk, [])
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster = serializers.CharField(source="cluster.name")
+    stateReason = serializers.CharField(source="state_reason")
+    gpuModel = serializers.CharField(source="gpu_model_slug", allow_null=True)
+    gpus = serializers.SerializerMethodField()
+    cpuMillicores = serializers.IntegerField(source="cpu_millicores_allocatable")
+    memoryBytes = serializers.IntegerField(source="memory_bytes_allocatable")
+    lastHeartbeatAt = serializers.DateTimeField(source="last_heartbeat_at")
+    agentVersion = serializers.CharField(source="agent_version")
+    powerState = serializers.CharField(source="power_state")
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "cluster",
+            "state",
+            "stateReason",
+            "gpuModel",
+            "gpus",
+            "cpuMillicores",
+            "memoryBytes",
+            "labels",
+            "rack",
+            "lastHeartbeatAt",
+            "agentVersion",
+            "powerState",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object"})
+    def get_gpus(self, node: Node) -> dict[str, int]:
+        return {"total": node.gpu_capacity, "healthy": node.gpus_healthy, "allocated": node.gpus_allocated}
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    createdAt = serializers.DateTimeField(source="created_at")
+    lastUsedAt = serializers.DateTimeField(source="last_used_at")
+    expiresAt = serializers.DateTimeField(source="expires_at")
+    revokedAt = serializers.DateTimeField(source="revoked_at")
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "createdAt", "lastUsedAt", "expiresAt", "revokedAt"]
+        read_only_fields = fields
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80, default="default")
+    expiresInDays = serializers.IntegerField(min_value=1, max_value=3650, required=False)

@@ -1,0 +1,25 @@
+from django.urls import path
+
+from portal.api import views
+
+app_name = "api"
+urlpatterns = [
+    path("jobs", views.JobListView.as_view(), name="jobs"),
+    path("jobs/batch", views.JobBatchView.as_view(), name="jobs-batch"),
+    path("jobs/<int:pk>", views.JobDetailView.as_view(), name="job"),
+    path("jobs/<int:pk>/events", views.JobEventsView.as_view(), name="job-events"),
+    path("jobs/<int:pk>/logs", views.JobLogsView.as_view(), name="job-logs"),
+    *[
+        path(f"jobs/<int:pk>/{verb}", views.JobActionView.as_view(verb=verb), name=f"job-{verb}")
+        for verb in views.JobActionView.services
+    ],
+    path("projects", views.ProjectListView.as_view(), name="projects"),
+    path("queues", views.QueueListView.as_view(), name="queues"),
+    path("clusters", views.ClusterListView.as_view(), name="clusters"),
+    path("clusters/<str:name>", views.ClusterDetailView.as_view(), name="cluster"),
+    path("nodes", views.NodeListView.as_view(), name="nodes"),
+    path("gpu-models", views.GpuModelListView.as_view(), name="gpu-models"),
+    path("me", views.MeView.as_view(), name="me"),
+    path("tokens", views.TokenListView.as_view(), name="tokens"),
+    path("tokens/<int:pk>", views.TokenDetailView.as_view(), name="token"),
+]

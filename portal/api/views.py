@@ -1,0 +1,424 @@
+"""The REST API under ``/api/v1/``: parse → access → one service call → render."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ParseError, PermissionDenied
+from rest_framework.generics import GenericAPIView, ListAPIView, RetrieveAPIView
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from clusters.choices import GpuHealth
+from clusters.models import Cluster, GpuDevice, GpuModel, Node
+from clusters.selectors import resolve_gpu_model
+from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
+from portal.api.errors import InputError
+from portal.api.filters import JOB_FILTERS, filter_jobs
+from portal.api.schema import ERROR_SCHEMA, JOB_BATCH_SCHEMA, JOB_SPEC_SCHEMA
+from portal.api.serializers import (
+    ClusterSerializer,
+    GpuModelSerializer,
+    JobDetailSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    NodeSerializer,
+    TokenRequestSerializer,
+    TokenSerializer,
+)
+from portal.api.throttles import ReadThrottle, SubmitThrottle
+from portal.models import ApiToken, Membership
+from portal.services.tokens import issue_token, revoke_token
+from scheduling.models import Allocation, Job, JobAttempt, Queue
+from scheduling.selectors import fleet_capacity, queue_usage
+from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
+from scheduling.services.submission import build_requests
+from scheduling.spec import SpecError, parse_job_spec
+
+MAX_BATCH = 1000
+ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 404, 409, 422, 429)}
+
+
+class IdCursor(CursorPagination):
+    ordering = "-id"
+    page_size = 100
+    page_size_query_param = "limit"
+    max_page_size = 1000
+
+
+class NameCursor(IdCursor):
+    ordering = "name"
+
+
+def with_placement(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Prefetch what ``JobSerializer.placement`` reads: three queries per page, not per job."""
+    allocations = Allocation.objects.select_related("node", "gpu")
+    attempts = (
+        JobAttempt.objects.select_related("cluster")
+        .prefetch_related(Prefetch("allocations", queryset=allocations))
+        .order_by("number")
+    )
+    return jobs.prefetch_related(Prefetch("attempts", queryset=attempts))
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+class JobListView(GenericAPIView):
+    """``GET`` lists the jobs you can see; ``POST`` submits one job spec (JSON or YAML)."""
+
+    serializer_class = JobSerializer
+    pagination_class = IdCursor
+
+    def get_throttles(self) -> list[Any]:
+        return [SubmitThrottle()] if self.request.method == "POST" else [ReadThrottle()]
+
+    def get_queryset(self) -> QuerySet[Job]:
+        return with_placement(filter_jobs(visible_jobs(self.request.user), self.request.query_params))
+
+    @extend_schema(
+        parameters=[OpenApiParameter(name, str, description=f"filter by {name}") for name in JOB_FILTERS],
+        responses={200: JobSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(
+        request={"application/json": JOB_SPEC_SCHEMA, "application/yaml": JOB_SPEC_SCHEMA},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="A retry with the same key returns the same job (200).",
+            ),
+            OpenApiParameter("dryRun", bool, description="Validate only; create nothing."),
+        ],
+        responses={201: JobDetailSerializer, 200: JobDetailSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        spec = parse_job_spec(_document(request.data))
+        queue = submission_queue(request.user, spec.project, spec.queue)
+        requests = build_requests(spec, queue)
+        if len(requests) != 1:
+            raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
+        if _flag(request, "dryRun"):
+            return Response({"valid": True, "jobs": len(requests), "spec": requests[0].spec})
+        jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
+        job = with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model")).get(
+            pk=jobs[0].pk
+        )
+        return Response(JobDetailSerializer(job).data, status=201 if created else 200)
+
+
+class JobBatchView(APIView):
+    """``POST`` many specs (``{"jobs": [...]}``, a YAML list, or several YAML documents) in one
+    transaction: all are accepted or none. ``spec.array`` expands server-side."""
+
+    throttle_classes = [SubmitThrottle]
+
+    @extend_schema(
+        request={"application/json": JOB_BATCH_SCHEMA, "application/yaml": JOB_BATCH_SCHEMA},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        responses={201: JobSerializer(many=True), 200: JobSerializer(many=True), **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = request.data
+        documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
+        if not isinstance(documents, list) or not documents:
+            raise InputError([("jobs", "must be a non-empty list of job specs")])
+        if len(documents) > MAX_BATCH:
+            raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
+        errors: list[tuple[str, str]] = []
+        requests = []
+        for i, document in enumerate(documents):
+            try:
+                spec = parse_job_spec(document, path=f"jobs[{i}]")
+                queue = submission_queue(request.user, spec.project, spec.queue, path=f"jobs[{i}]")
+                requests += build_requests(spec, queue, path=f"jobs[{i}]")
+            except SpecError as exc:
+                errors += exc.errors
+        if errors:
+            raise SpecError(errors)
+        jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
+        rows = JobSerializer(
+            with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model"))
+            .filter(pk__in=[j.pk for j in jobs])
+            .order_by("id"),
+            many=True,
+        ).data
+        return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
+
+
+class JobDetailView(RetrieveAPIView):
+    serializer_class = JobDetailSerializer
+    throttle_classes = [ReadThrottle]
+
+    def get_object(self) -> Job:
+        return (
+            with_placement(visible_jobs(self.request.user)).filter(pk=self.kwargs["pk"]).first() or _missing()
+        )
+
+
+class JobEventsView(ListAPIView):
+    serializer_class = JobEventSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = None
+
+    def get_queryset(self) -> QuerySet:
+        job = access_job(self.request.user, self.kwargs["pk"])
+        return job.events.select_related("actor", "attempt").order_by("id")
+
+
+class JobLogsView(APIView):
+    """The tail of a job's output. Empty until the job has run on a cluster that ships logs."""
+
+    throttle_classes = [ReadThrottle]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", int, description="last N lines (1–10000, default 100)")],
+        responses={200: OpenApiTypes.OBJECT, **ERRORS},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        job = access_job(request.user, pk)
+        raw = request.query_params.get("tail", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+            raise InputError([("query.tail", "must be an integer between 1 and 10000")])
+        return Response({"jobId": job.pk, "lines": [], "truncated": False})
+
+
+class JobActionView(APIView):
+    """``POST jobs/{id}/cancel|hold|release|requeue``: owners, project managers and operators."""
+
+    throttle_classes = [SubmitThrottle]
+    services = {"cancel": cancel_job, "hold": hold_job, "release": release_job, "requeue": requeue_job}
+    verb = ""  # set per URL by as_view(verb=…)
+
+    @extend_schema(
+        request=None, responses={200: JobDetailSerializer, 403: OpenApiResponse(ERROR_SCHEMA), **ERRORS}
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        job = access_job(request.user, pk)
+        if not can_act_on_job(request.user, job):
+            raise PermissionDenied(
+                "Only the job's owner, a manager of its project or an operator may do that."
+            )
+        self.services[self.verb](job, actor=request.user)
+        fresh = with_placement(visible_jobs(request.user)).get(pk=job.pk)
+        return Response(JobDetailSerializer(fresh).data)
+
+
+# --- fleet, projects, me ----------------------------------------------------------------------
+
+
+class ProjectListView(APIView):
+    throttle_classes = [ReadThrottle]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        roles = dict(Membership.objects.filter(user=request.user).values_list("project_id", "role"))
+        projects = visible_projects(request.user).prefetch_related("queues").order_by("name")
+        return Response(
+            {
+                "results": [
+                    {
+                        "name": p.name,
+                        "displayName": p.display_name,
+                        "role": roles.get(p.pk),
+                        "queues": sorted(q.name for q in p.queues.all()),
+                    }
+                    for p in projects
+                ]
+            }
+        )
+
+
+class QueueListView(APIView):
+    """Queues you can see, with quota per GPU model against what the queue holds now."""
+
+    throttle_classes = [ReadThrottle]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        queues = list(
+            Queue.objects.filter(project__in=visible_projects(request.user))
+            .select_related("project")
+            .prefetch_related("quotas__gpu_model")
+            .order_by("project__name", "name")
+        )
+        held, jobs = queue_usage(q.pk for q in queues)
+        results = []
+        for q in queues:
+            used = held.get(q.pk, {})
+            quota = {quota.gpu_model.slug: quota for quota in q.quotas.all()}
+            results.append(
+                {
+                    "project": q.project.name,
+                    "name": q.name,
+                    "priority": q.priority,
+                    "fairShareWeight": q.fair_share_weight,
+                    "cohort": q.cohort or None,
+                    "maxPendingJobs": q.max_pending_jobs,
+                    "gpus": [
+                        {
+                            "model": slug,
+                            "quota": quota[slug].gpus if slug in quota else 0,
+                            "borrowingLimit": quota[slug].borrowing_limit if slug in quota else None,
+                            "used": used.get(slug, 0),
+                        }
+                        for slug in sorted(set(quota) | set(used))
+                    ],
+                    "jobs": jobs.get(q.pk, {}),
+                }
+            )
+        return Response({"results": results})
+
+
+class ClusterListView(ListAPIView):
+    serializer_class = ClusterSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = None
+    queryset = Cluster.objects.order_by("name")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return super().get_serializer_context() | {"capacity": fleet_capacity()}
+
+
+class ClusterDetailView(RetrieveAPIView):
+    serializer_class = ClusterSerializer
+    throttle_classes = [ReadThrottle]
+
+    def get_object(self) -> Cluster:
+        return get_object_or_404(Cluster, name=self.kwargs["name"])
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        cluster = get_object_or_404(Cluster, name=self.kwargs["name"])
+        return super().get_serializer_context() | {"capacity": fleet_capacity([cluster.pk])}
+
+
+class NodeListView(ListAPIView):
+    """Nodes, filtered by ``cluster``, ``state`` and ``gpuModel`` (a slug or an alias)."""
+
+    serializer_class = NodeSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = NameCursor
+
+    @extend_schema(parameters=[OpenApiParameter(n, str) for n in ("cluster", "state", "gpuModel")])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[Node]:
+        params = self.request.query_params
+        nodes = Node.objects.select_related("cluster").annotate(
+            gpu_model_slug=Subquery(GpuDevice.objects.filter(node=OuterRef("pk")).values("model__slug")[:1]),
+            gpus_healthy=Count("gpus", filter=Q(gpus__health=GpuHealth.HEALTHY), distinct=True),
+            gpus_allocated=Count(
+                "allocations",
+                filter=Q(allocations__active=True, allocations__gpu__isnull=False),
+                distinct=True,
+            ),
+        )
+        if cluster := params.get("cluster"):
+            nodes = nodes.filter(cluster__name=cluster)
+        if state := params.get("state"):
+            nodes = nodes.filter(state__in=state.lower().split(","))
+        if name := params.get("gpuModel"):
+            model = resolve_gpu_model(name)
+            if model is None:
+                raise InputError([("query.gpuModel", f"unknown GPU model '{name[:40]}'")])
+            nodes = nodes.filter(gpus__model=model).distinct()
+        return nodes
+
+
+class GpuModelListView(ListAPIView):
+    serializer_class = GpuModelSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = None
+    queryset = GpuModel.objects.prefetch_related("aliases").order_by("slug")
+
+
+class MeView(APIView):
+    throttle_classes = [ReadThrottle]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        memberships = (
+            Membership.objects.filter(user=request.user).select_related("project").order_by("project__name")
+        )
+        return Response(
+            {
+                "username": request.user.get_username(),
+                "operator": request.user.is_staff,
+                "projects": [{"name": m.project.name, "role": m.role} for m in memberships],
+                "authenticatedWith": "token" if isinstance(request.auth, ApiToken) else "session",
+            }
+        )
+
+
+class TokenListView(APIView):
+    """Your API tokens. ``POST`` issues one and shows it once."""
+
+    throttle_classes = [SubmitThrottle]
+
+    @extend_schema(responses={200: TokenSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        tokens = ApiToken.objects.filter(user=request.user).order_by("-created_at")
+        return Response({"results": TokenSerializer(tokens, many=True).data})
+
+    @extend_schema(request=TokenRequestSerializer, responses={201: OpenApiTypes.OBJECT, **ERRORS})
+    def post(self, request: Request) -> Response:
+        form = TokenRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
+        form.is_valid(raise_exception=True)
+        token, plaintext = issue_token(request.user, name=form.validated_data["name"])
+        if days := form.validated_data.get("expiresInDays"):
+            token.expires_at = timezone.now() + timedelta(days=days)
+            token.save(update_fields=["expires_at"])
+        return Response(TokenSerializer(token).data | {"token": plaintext}, status=status.HTTP_201_CREATED)
+
+
+class TokenDetailView(APIView):
+    throttle_classes = [SubmitThrottle]
+
+    @extend_schema(responses={204: None, **ERRORS})
+    def delete(self, request: Request, pk: int) -> Response:
+        token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+        revoke_token(token, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _document(data: Any) -> Any:
+    if isinstance(data, list):
+        raise ParseError("Expected one job spec; send several to jobs/batch.")
+    return data
+
+
+def _flag(request: Request, name: str) -> bool:
+    return request.query_params.get(name, "").lower() in {"1", "true", "yes"}
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    key = key.strip()
+    if not 1 <= len(key) <= 100 or not key.isprintable():
+        raise InputError([("header.Idempotency-Key", "must be 1 to 100 printable characters")])
+    return key
+
+
+def _missing() -> Job:
+    raise Http404

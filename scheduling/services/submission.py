@@ -1,0 +1,100 @@
+"""From a parsed spec to job requests: resolve names against the database and refuse what can
+never run, each refusal naming the field at fault. Access (may this user use this project and
+queue?) is decided by the caller; this module only checks that the names exist and fit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusters.models import Cluster
+from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
+from scheduling.models import Queue
+from scheduling.services.jobs import JobRequest
+from scheduling.spec import JobSpec, SpecError
+
+
+def build_requests(spec: JobSpec, queue: Queue, *, path: str = "") -> list[JobRequest]:
+    """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``."""
+    p = f"{path}." if path else ""
+    errors: list[tuple[str, str]] = []
+    gpu_model = None
+    if spec.gpus.count:
+        gpu_model = resolve_gpu_model(spec.gpus.model or "")
+        if gpu_model is None:
+            errors.append((f"{p}spec.resources.gpus", f"unknown GPU model '{spec.gpus.model}'"))
+        else:
+            fits = sum(
+                n for gpus, n in gpu_capacity_histogram(gpu_model.pk).items() if gpus >= spec.gpus.count
+            )
+            if fits < spec.nodes:
+                most = max(gpu_capacity_histogram(gpu_model.pk) or {0: 0})
+                errors.append(
+                    (
+                        f"{p}spec.resources.gpus",
+                        f"{spec.nodes} node(s) with {spec.gpus.count} {gpu_model.slug} each can never run: "
+                        f"{fits} node(s) in the fleet have that many (the most on one node is {most})",
+                    )
+                )
+    if spec.clusters:
+        known = set(Cluster.objects.filter(name__in=spec.clusters).values_list("name", flat=True))
+        errors += [
+            (f"{p}spec.placement.clusters[{i}]", f"no cluster named '{name}'")
+            for i, name in enumerate(spec.clusters)
+            if name not in known
+        ]
+    if errors:
+        raise SpecError(errors)
+
+    normalised = normalised_spec(spec, queue, gpu_model.slug if gpu_model else None)
+    base = dict(
+        queue=queue,
+        gpu_model=gpu_model,
+        gpus_per_node=spec.gpus.count,
+        nodes=spec.nodes,
+        cpu_millicores_per_node=spec.cpu_millicores,
+        memory_bytes_per_node=spec.memory_bytes,
+        time_limit_s=spec.time_limit_s,
+        command=spec.run,
+        priority=spec.priority,
+        placement={"clusters": spec.clusters, "nodeSelector": spec.node_selector},
+        retries=spec.retries,
+        failover_policy=spec.failover,
+    )
+    if spec.array is None:
+        return [JobRequest(name=spec.name, labels=spec.labels, spec=normalised, **base)]
+    requests = []
+    for index in spec.array:
+        task = normalised | {
+            "env": normalised["env"] | {"ORRERY_ARRAY_INDEX": str(index)},
+            "arrayIndex": index,
+        }
+        labels = spec.labels | {"orrery.io/array": spec.name, "orrery.io/array-index": str(index)}
+        requests.append(JobRequest(name=f"{spec.name}-{index}", labels=labels, spec=task, **base))
+    return requests
+
+
+def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[str, Any]:
+    """The spec as Orrery understood it, in base units, stored on the job and shown back."""
+    return {
+        "apiVersion": "orrery/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.name, "project": queue.project.name, "labels": spec.labels},
+        "queue": queue.name,
+        "priority": spec.priority,
+        "resources": {
+            "nodes": spec.nodes,
+            "gpus": {"model": gpu_model, "count": spec.gpus.count},
+            "cpuMillicores": spec.cpu_millicores,
+            "memoryBytes": spec.memory_bytes,
+        },
+        "timeLimitSeconds": spec.time_limit_s,
+        "run": spec.run,
+        "setup": spec.setup,
+        "image": spec.image,
+        "env": spec.env,
+        "workdir": spec.workdir,
+        "placement": {"clusters": spec.clusters, "nodeSelector": spec.node_selector},
+        "retries": spec.retries,
+        "failover": spec.failover,
+        "sim": {"durationSeconds": spec.sim_duration_s, "exitCode": spec.sim_exit_code},
+    }

@@ -1,0 +1,442 @@
+"""The job spec (``apiVersion: orrery/v1``): parsing and normalisation, with no database.
+
+``parse_job_spec(document)`` turns a decoded JSON/YAML document into a ``JobSpec`` in base
+units, or raises ``SpecError`` listing *every* problem with the path of the field at fault
+(``spec.resources.gpus``). Names that need the database — the project, the queue, the GPU model
+— are kept as strings here and resolved by ``scheduling.services.submission``.
+
+Units, chosen to match what Slurm and Kubernetes users type:
+
+* memory: ``256Gi``, ``256G``, ``256GB``, ``512Mi``, ``1T``… — every suffix is binary (``1G`` =
+  1024 MiB, as in Slurm); a bare number is MiB (Slurm's default unit);
+* cpus: ``32``, ``0.5`` or ``500m`` (millicores, as in Kubernetes);
+* time: ``2h``, ``90m``, ``1h30m``, ``45s``, ``1d``; Slurm's ``MM``, ``MM:SS``, ``HH:MM:SS``,
+  ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; ISO 8601 ``PT2H``, ``P1DT2H``; a bare integer is minutes
+  (Slurm's default unit);
+* gpus: ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"`` (one), ``{model: h100, count: 8}``, or ``0``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "orrery/v1"
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_TIME_LIMIT_S = 365 * 24 * 3600
+MAX_ARRAY_SIZE = 10_000
+MAX_RETRIES = 100
+PRIORITY_NAMES = {"low": -100, "normal": 0, "high": 100}
+PRIORITY_RANGE = (-1000, 1000)
+FAILOVER_POLICIES = ("requeue", "hold", "fail")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\s*$", re.IGNORECASE)
+_UNITS = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+_DURATION_PARTS = re.compile(r"(\d+)\s*([dhms])", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE)
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE)
+_ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$")
+
+TOP_FIELDS = {"apiVersion", "kind", "metadata", "spec"}
+METADATA_FIELDS = {"name", "project", "labels"}
+SPEC_FIELDS = {
+    "queue",
+    "priority",
+    "resources",
+    "timeLimit",
+    "run",
+    "setup",
+    "image",
+    "env",
+    "workdir",
+    "placement",
+    "retries",
+    "failover",
+    "array",
+    "sim",
+}
+RESOURCE_FIELDS = {"nodes", "gpus", "cpus", "memory"}
+PLACEMENT_FIELDS = {"clusters", "nodeSelector"}
+SIM_FIELDS = {"duration", "exitCode"}
+
+
+class SpecError(Exception):
+    """The spec is invalid. ``errors`` lists ``(path, message)`` pairs, in document order."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{path}: {message}" for path, message in errors))
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    model: str | None
+    count: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A parsed spec in base units. Names (project, queue, GPU model, clusters) are unresolved."""
+
+    name: str
+    project: str | None
+    labels: dict[str, str]
+    queue: str
+    priority: int
+    nodes: int
+    gpus: GpuRequest
+    cpu_millicores: int
+    memory_bytes: int
+    time_limit_s: int | None
+    run: str
+    setup: str
+    image: str
+    env: dict[str, str]
+    workdir: str
+    clusters: list[str]
+    node_selector: dict[str, str]
+    retries: int
+    failover: str
+    array: list[int] | None
+    sim_duration_s: int | None
+    sim_exit_code: int
+    document: dict[str, Any] = field(repr=False)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.errors.append((path, message))
+
+    def mapping(self, value: Any, path: str, allowed: set[str] | None = None) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.add(path, f"must be a mapping, not {_kind(value)}")
+            return {}
+        for key in value:
+            if not isinstance(key, str):
+                self.add(path, f"keys must be strings, not {_kind(key)}")
+            elif allowed is not None and key not in allowed:
+                self.add(f"{path}.{key}", f"unknown field; expected one of {', '.join(sorted(allowed))}")
+        return {k: v for k, v in value.items() if isinstance(k, str)}
+
+    def string(self, value: Any, path: str, *, required: bool = False, max_length: int = 10_000) -> str:
+        if value is None:
+            if required:
+                self.add(path, "is required")
+            return ""
+        if not isinstance(value, str):
+            self.add(path, f"must be a string, not {_kind(value)}")
+            return ""
+        if "\x00" in value:
+            self.add(path, "must not contain NUL characters")
+            return ""
+        if len(value) > max_length:
+            self.add(path, f"is longer than {max_length} characters")
+            return ""
+        if required and not value.strip():
+            self.add(path, "must not be empty")
+        return value
+
+    def integer(self, value: Any, path: str, *, default: int, low: int, high: int) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+                value = int(value)
+            else:
+                self.add(path, f"must be an integer, not {_kind(value)}")
+                return default
+        if not low <= value <= high:
+            self.add(path, f"must be between {low} and {high}, got {value}")
+            return default
+        return value
+
+    def string_map(self, value: Any, path: str, key_pattern: re.Pattern[str], what: str) -> dict[str, str]:
+        out = {}
+        for key, item in self.mapping(value, path).items():
+            if not key_pattern.match(key):
+                self.add(f"{path}.{key}", f"is not a valid {what} name")
+            elif isinstance(item, bool) or not isinstance(item, str | int | float):
+                self.add(f"{path}.{key}", f"must be a string, not {_kind(item)}")
+            else:
+                text = str(item)
+                if len(text) > 4096 or "\x00" in text:
+                    self.add(f"{path}.{key}", "must be at most 4096 characters without NUL")
+                else:
+                    out[key] = text
+        return out
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, int | float) else type(value).__name__
+    )
+
+
+def parse_memory(value: Any) -> int:
+    """Bytes for ``256Gi``/``256G``/``512`` (MiB); raises ValueError with a readable reason."""
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as 256Gi, not a boolean")
+    if isinstance(value, int | float):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"must be a size such as 256Gi, not {_kind(value)}")
+    match = _MEMORY.match(value)
+    if not match:
+        raise ValueError(f"'{value[:40]}' is not a size; use a number with K, M, G, T (binary), e.g. 256Gi")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * _UNITS[unit])
+
+
+def parse_cpus(value: Any) -> int:
+    """Millicores for ``32``, ``0.5`` or ``500m``."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number of CPUs, not a boolean")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("m") and text[:-1].isdigit():
+            return int(text[:-1])
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"'{text[:40]}' is not a number of CPUs (e.g. 32, 0.5 or 500m)") from None
+    if not isinstance(value, int | float) or value != value:  # NaN
+        raise ValueError(f"must be a number of CPUs, not {_kind(value)}")
+    return round(value * 1000)
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds for ``2h``, ``1-00:00:00``, ``PT2H`` or a bare number of minutes."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 2h, not a boolean")
+    if isinstance(value, int):
+        return value * 60
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a duration such as 2h, 1-00:00:00 or PT2H, not {_kind(value)}")
+    text = value.strip()
+    if _DURATION.match(text):
+        seconds = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+        return sum(int(n) * seconds[u.lower()] for n, u in _DURATION_PARTS.findall(text))
+    match = _SLURM_TIME.match(text)
+    if match:
+        days, a, b, c = match.groups()
+        if days is not None:  # D-HH[:MM[:SS]]
+            return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+        if c is not None:  # HH:MM:SS
+            return int(a) * 3600 + int(b) * 60 + int(c)
+        if b is not None:  # MM:SS
+            return int(a) * 60 + int(b)
+        return int(a) * 60  # MM
+    match = _ISO_DURATION.match(text)
+    if match and text.upper() not in {"P", "PT"}:
+        d, h, m, s = (int(g or 0) for g in match.groups())
+        return d * 86400 + h * 3600 + m * 60 + s
+    raise ValueError(f"'{text[:40]}' is not a duration; use e.g. 2h, 90m, 1-00:00:00 or PT2H")
+
+
+def parse_gpus(value: Any) -> GpuRequest:
+    """A ``GpuRequest`` for ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"``, ``{model, count}`` or 0."""
+    if isinstance(value, bool):
+        raise ValueError("must be like 'h100:8' or {model: h100, count: 8}, not a boolean")
+    if value is None or value == 0:
+        return GpuRequest(None, 0)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"cannot be negative, got {value}")
+        raise ValueError(f"name the GPU model, e.g. 'h100:{value}'")
+    if isinstance(value, dict):
+        unknown = set(value) - {"model", "count"}
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; use model and count")
+        model, count = value.get("model"), value.get("count", 1)
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model must be a GPU model name such as h100")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError("count must be an integer")
+        return _gpu_request(model, count)
+    if not isinstance(value, str):
+        raise ValueError(f"must be like 'h100:8', not {_kind(value)}")
+    parts = [p.strip() for p in value.strip().split(":")]
+    if parts and parts[0].lower() == "gpu" and len(parts) > 1:
+        parts = parts[1:]
+    if len(parts) == 1:
+        if re.fullmatch(r"-?\d+", parts[0]):
+            return parse_gpus(int(parts[0]))
+        return _gpu_request(parts[0], 1)
+    if len(parts) == 2 and re.fullmatch(r"-?\d+", parts[1]):
+        return _gpu_request(parts[0], int(parts[1]))
+    raise ValueError(f"'{value[:40]}' is not a GPU request; use MODEL:COUNT, e.g. h100:8")
+
+
+def _gpu_request(model: str, count: int) -> GpuRequest:
+    if count < 0:
+        raise ValueError(f"count cannot be negative, got {count}")
+    if count > MAX_GPUS_PER_NODE:
+        raise ValueError(f"count {count} is more than {MAX_GPUS_PER_NODE} GPUs per node")
+    if not model or len(model) > 120:
+        raise ValueError("model must be a GPU model name such as h100")
+    return GpuRequest(model.strip().lower() if count else None, count)
+
+
+def parse_array(value: Any) -> list[int]:
+    """Indices for ``"0-99"``, ``"0-99:4"`` (step) or ``"1,3,5-7"``."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError("must be like '0-99', '0-99:2' or '1,3,5'")
+    indices: set[int] = set()
+    for part in str(value).replace(" ", "").split(","):
+        if not _ARRAY.match(part):
+            raise ValueError(f"'{part[:40]}' is not an index range; use e.g. 0-99, 0-99:2 or 1,3,5")
+        bounds, _, step = part.partition(":")
+        first, _, last = bounds.partition("-")
+        lo, hi, by = int(first), int(last or first), int(step or 1)
+        if hi < lo or by < 1:
+            raise ValueError(f"'{part}' is an empty range")
+        if (hi - lo) // by + 1 + len(indices) > MAX_ARRAY_SIZE:
+            raise ValueError(f"an array has at most {MAX_ARRAY_SIZE} tasks")
+        indices.update(range(lo, hi + 1, by))
+    return sorted(indices)
+
+
+def parse_priority(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.strip().lower()]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be low, normal, high or an integer, not {value!r:.40}")
+    low, high = PRIORITY_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"must be between {low} and {high}")
+    return value
+
+
+def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
+    """Validate and normalise one job document; raise ``SpecError`` listing every problem."""
+    c = _Collector()
+    p = f"{path}." if path else ""
+    top = c.mapping(document, path or "(body)", TOP_FIELDS)
+    if not isinstance(document, dict):
+        raise SpecError(c.errors)
+    if top.get("apiVersion") != API_VERSION:
+        c.add(f"{p}apiVersion", f"must be {API_VERSION}")
+    if top.get("kind", "Job") != "Job":
+        c.add(f"{p}kind", "must be Job")
+    meta = c.mapping(top.get("metadata"), f"{p}metadata", METADATA_FIELDS)
+    spec = c.mapping(top.get("spec"), f"{p}spec", SPEC_FIELDS)
+    if "spec" not in top:
+        c.add(f"{p}spec", "is required")
+
+    name = c.string(meta.get("name"), f"{p}metadata.name", required=True, max_length=128)
+    if name and not _NAME.match(name):
+        c.add(f"{p}metadata.name", "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+    project = c.string(meta.get("project"), f"{p}metadata.project", max_length=63) or None
+    labels = c.string_map(meta.get("labels"), f"{p}metadata.labels", _LABEL_KEY, "label")
+
+    queue = c.string(spec.get("queue"), f"{p}spec.queue", max_length=63) or "default"
+    if not _SLUG.match(queue):
+        c.add(f"{p}spec.queue", "is not a queue name")
+    values: dict[str, Any] = {}
+
+    def convert(source: dict[str, Any], key: str, field_path: str, parser: Any, default: Any) -> None:
+        if source.get(key) is None:
+            values[key] = default
+            return
+        try:
+            values[key] = parser(source[key])
+        except ValueError as exc:
+            c.add(field_path, str(exc))
+            values[key] = default
+
+    convert(spec, "priority", f"{p}spec.priority", parse_priority, 0)
+    convert(spec, "timeLimit", f"{p}spec.timeLimit", parse_duration, None)
+    convert(spec, "array", f"{p}spec.array", parse_array, None)
+    resources = c.mapping(spec.get("resources"), f"{p}spec.resources", RESOURCE_FIELDS)
+    convert(resources, "gpus", f"{p}spec.resources.gpus", parse_gpus, GpuRequest(None, 0))
+    convert(resources, "cpus", f"{p}spec.resources.cpus", parse_cpus, 0)
+    convert(resources, "memory", f"{p}spec.resources.memory", parse_memory, 0)
+    nodes = c.integer(resources.get("nodes"), f"{p}spec.resources.nodes", default=1, low=1, high=MAX_NODES)
+    for key, limit in (("cpus", 10**9), ("memory", 2**62)):
+        if not 0 <= values[key] <= limit:
+            c.add(f"{p}spec.resources.{key}", "cannot be negative" if values[key] < 0 else "is too large")
+    time_limit = values["timeLimit"]
+    if time_limit is not None and not 0 < time_limit <= MAX_TIME_LIMIT_S:
+        c.add(f"{p}spec.timeLimit", f"must be more than 0 and at most {MAX_TIME_LIMIT_S // 86400} days")
+
+    run = c.string(spec.get("run"), f"{p}spec.run", max_length=1_000_000)
+    image = c.string(spec.get("image"), f"{p}spec.image", max_length=512)
+    if not run.strip() and not image:
+        c.add(f"{p}spec.run", "is required (a shell command), unless an image is given")
+    setup = c.string(spec.get("setup"), f"{p}spec.setup", max_length=1_000_000)
+    workdir = c.string(spec.get("workdir"), f"{p}spec.workdir", max_length=4096)
+    env = c.string_map(spec.get("env"), f"{p}spec.env", _ENV_KEY, "environment variable")
+
+    placement = c.mapping(spec.get("placement"), f"{p}spec.placement", PLACEMENT_FIELDS)
+    clusters_raw = placement.get("clusters") or []
+    clusters: list[str] = []
+    if not isinstance(clusters_raw, list):
+        c.add(f"{p}spec.placement.clusters", f"must be a list of cluster names, not {_kind(clusters_raw)}")
+    else:
+        for i, item in enumerate(clusters_raw):
+            if isinstance(item, str) and _SLUG.match(item):
+                clusters.append(item)
+            else:
+                c.add(f"{p}spec.placement.clusters[{i}]", "is not a cluster name")
+    selector = c.string_map(
+        placement.get("nodeSelector"), f"{p}spec.placement.nodeSelector", _LABEL_KEY, "label"
+    )
+
+    retries = c.integer(spec.get("retries"), f"{p}spec.retries", default=0, low=0, high=MAX_RETRIES)
+    failover = spec.get("failover")
+    if failover is None:
+        failover = "requeue" if retries > 0 else "hold"
+    elif failover not in FAILOVER_POLICIES:
+        c.add(f"{p}spec.failover", f"must be one of {', '.join(FAILOVER_POLICIES)}")
+        failover = "hold"
+
+    sim = c.mapping(spec.get("sim"), f"{p}spec.sim", SIM_FIELDS)
+    sim_duration = None
+    if sim.get("duration") is not None:
+        try:
+            sim_duration = parse_duration(sim["duration"])
+        except ValueError as exc:
+            c.add(f"{p}spec.sim.duration", str(exc))
+    sim_exit = c.integer(sim.get("exitCode"), f"{p}spec.sim.exitCode", default=0, low=0, high=255)
+
+    if c.errors:
+        raise SpecError(c.errors)
+    return JobSpec(
+        name=name,
+        project=project,
+        labels=labels,
+        queue=queue,
+        priority=values["priority"],
+        nodes=nodes,
+        gpus=values["gpus"],
+        cpu_millicores=values["cpus"],
+        memory_bytes=values["memory"],
+        time_limit_s=time_limit,
+        run=run,
+        setup=setup,
+        image=image,
+        env=env,
+        workdir=workdir,
+        clusters=clusters,
+        node_selector=selector,
+        retries=retries,
+        failover=failover,
+        array=values["array"],
+        sim_duration_s=sim_duration,
+        sim_exit_code=sim_exit,
+        document=document,
+    )
