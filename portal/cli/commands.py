@@ -1,0 +1,337 @@
+"""The ``orrery`` commands. Each prints what the server said and exits non-zero on any error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from portal.cli import config, render
+from portal.cli.client import ApiError, Client
+
+POLL_S = 2.0
+FINAL_STATES = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"}
+
+
+def _release() -> str:
+    try:
+        return version("orrery")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def client_for(args: argparse.Namespace) -> Client:
+    ctx = config.resolve(args.server, args.token, args.context)
+    return Client(ctx.server, ctx.token)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    me = Client(args.server, args.token).get("me")
+    name = args.context or "default"
+    path = config.save_context(name, args.server, args.token)
+    print(f"Logged in to {args.server} as {me['username']} (context '{name}', saved in {path}).")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ApiError(0, f"{args.file} is not valid YAML: {exc}") from None
+    if not documents:
+        raise ApiError(0, f"{args.file} holds no job spec")
+    api = client_for(args)
+    # A key per invocation: a retried request after a network error cannot submit twice.
+    headers = {"Idempotency-Key": args.idempotency_key or str(uuid.uuid4())}
+    body = (
+        yaml.safe_dump_all(documents).encode()
+        if len(documents) > 1
+        else yaml.safe_dump(documents[0]).encode()
+    )
+    batch = len(documents) > 1 or "array" in (documents[0].get("spec") or {})
+    if args.dry_run:
+        if batch:
+            raise ApiError(0, "--dry-run takes one job spec without spec.array")
+        result = api.post("jobs", body, content_type="application/yaml", dryRun="true")
+        print(f"Valid: would submit {result['jobs']} job(s).")
+        render.dump(result["spec"], "yaml")
+        return 0
+    if batch:
+        result = api.post("jobs/batch", body, content_type="application/yaml", headers=headers)
+        jobs = result["jobs"]
+    else:
+        jobs = [api.post("jobs", body, content_type="application/yaml", headers=headers)]
+    for job in jobs:
+        reason = f": {job['reason']}" if job.get("reason") else ""
+        print(f"Submitted job {job['id']} ({job['name']}) — {job['state']}{reason}")
+    if not args.wait:
+        return 0
+    return _wait([j["id"] for j in jobs], api)
+
+
+def _wait(ids: list[int], api: Client) -> int:
+    remaining, failed = set(ids), 0
+    last: dict[int, str] = {}
+    while remaining:
+        for job_id in sorted(remaining):
+            job = api.get(f"jobs/{job_id}")
+            if last.get(job_id) != job["state"]:
+                last[job_id] = job["state"]
+                print(f"job {job_id}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))
+            if job["state"] in FINAL_STATES:
+                remaining.discard(job_id)
+                failed += job["state"] != "SUCCEEDED"
+        if remaining:
+            time.sleep(POLL_S)
+    return 1 if failed else 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    api = client_for(args)
+    params: dict[str, Any] = {
+        "state": args.state,
+        "project": args.project,
+        "queue": args.queue,
+        "cluster": args.cluster,
+        "limit": min(args.limit, 1000),
+    }
+    if not args.all_projects:
+        params["user"] = api.get("me")["username"]
+    while True:
+        page = api.get("jobs", **params)
+        jobs = page["results"][: args.limit]
+        if args.output == "table":
+            if args.watch:
+                sys.stdout.write("\033[H\033[2J")
+            render.table(render.JOB_HEADERS, render.job_rows(jobs))
+        else:
+            render.dump(jobs, args.output)
+        if not args.watch:
+            return 0
+        time.sleep(POLL_S)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    job = client_for(args).get(f"jobs/{args.job_id}")
+    if args.output == "text":
+        render.job_detail(job)
+    else:
+        render.dump(job, args.output)
+    return 0
+
+
+def cmd_action(args: argparse.Namespace) -> int:
+    api, failures = client_for(args), 0
+    for job_id in args.job_ids:
+        try:
+            job = api.post(f"jobs/{job_id}/{args.verb}")
+            print(f"job {job_id}: {job['state']}")
+        except ApiError as exc:
+            print(f"job {job_id}: {exc}", file=sys.stderr)
+            failures += 1
+    return 1 if failures else 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    api, seen = client_for(args), 0
+    while True:
+        lines = api.get(f"jobs/{args.job_id}/logs", tail=args.tail)["lines"]
+        for line in lines[seen:] if args.follow else lines:
+            print(line)
+        seen = len(lines)
+        if not args.follow or api.get(f"jobs/{args.job_id}")["state"] in FINAL_STATES:
+            return 0
+        time.sleep(POLL_S)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    events = client_for(args).get(f"jobs/{args.job_id}/events")
+    if args.output != "table":
+        render.dump(events, args.output)
+        return 0
+    render.table(
+        ["TIME", "EVENT", "FROM", "TO", "REASON", "BY", "MESSAGE"],
+        [
+            [
+                e["at"][:19].replace("T", " "),
+                e["kind"],
+                e["fromState"],
+                e["toState"],
+                e["reason"],
+                e["actor"] or "",
+                e["message"],
+            ]
+            for e in events
+        ],
+    )
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    clusters = client_for(args).get("clusters")
+    if args.output != "table":
+        render.dump(clusters, args.output)
+        return 0
+    rows = []
+    for c in clusters:
+        gpus = ", ".join(f"{g['model']} {g['free']}/{g['total']} free" for g in c["gpus"]) or "-"
+        rows.append([c["name"], c["kind"], c["state"], f"{c['nodes']['ready']}/{c['nodes']['total']}", gpus])
+    render.table(["CLUSTER", "KIND", "STATE", "NODES(READY/TOTAL)", "GPUS"], rows)
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    page = client_for(args).get(
+        "nodes", cluster=args.cluster, state=args.state, gpuModel=args.gpu_model, limit=min(args.limit, 1000)
+    )
+    nodes = page["results"]
+    if args.output != "table":
+        render.dump(nodes, args.output)
+        return 0
+    render.table(
+        ["NODE", "CLUSTER", "STATE", "GPU", "GPUS(ALLOC/TOTAL)", "CPUS", "MEMORY", "LAST HEARTBEAT"],
+        [
+            [
+                n["name"],
+                n["cluster"],
+                n["state"],
+                n["gpuModel"] or "-",
+                f"{n['gpus']['allocated']}/{n['gpus']['total']}",
+                n["cpuMillicores"] // 1000,
+                f"{n['memoryBytes'] // 2**30}Gi",
+                (n["lastHeartbeatAt"] or "never")[:19].replace("T", " "),
+            ]
+            for n in nodes
+        ],
+    )
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    queues = client_for(args).get("queues")["results"]
+    if args.output != "table":
+        render.dump(queues, args.output)
+        return 0
+    rows = []
+    for q in queues:
+        quota = ", ".join(f"{g['model']} {g['used']}/{g['quota']}" for g in q["gpus"]) or "-"
+        waiting = q["jobs"].get("PENDING", 0) + q["jobs"].get("HELD", 0)
+        rows.append(
+            [
+                f"{q['project']}/{q['name']}",
+                q["priority"],
+                q["cohort"] or "-",
+                quota,
+                waiting,
+                q["jobs"].get("RUNNING", 0),
+            ]
+        )
+    render.table(["QUEUE", "PRIORITY", "COHORT", "GPUS(USED/QUOTA)", "PENDING", "RUNNING"], rows)
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", help="API server URL (or ORRERY_SERVER)")
+    common.add_argument("--token", help="API token (or ORRERY_TOKEN)")
+    common.add_argument("--context", help="a context saved by 'orrery login'")
+
+    parser = argparse.ArgumentParser(
+        prog="orrery", description="Orrery: one control plane for many GPU clusters."
+    )
+    parser.add_argument("--version", action="version", version=f"orrery {_release()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    def output(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json", "yaml")) -> None:
+        p.add_argument("-o", "--output", choices=choices, default=choices[0])
+
+    p = sub.add_parser("login", help="Save a server and token as a context, after checking them.")
+    p.add_argument("--server", required=True, help="API server URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--token", required=True, help="from 'manage.py issue_token' or POST /api/v1/tokens")
+    p.add_argument("--context", help="name of the context to save (default: default)")
+    p.set_defaults(func=cmd_login)
+
+    p = add("submit", cmd_submit, "Submit the job spec(s) in a YAML or JSON file.")
+    p.add_argument("-f", "--file", required=True, help="spec file, or - for standard input")
+    p.add_argument("--wait", action="store_true", help="wait until the job(s) end; exit 1 unless all succeed")
+    p.add_argument("--dry-run", action="store_true", help="validate only, create nothing")
+    p.add_argument("--idempotency-key", help="reuse to make a retried submission safe")
+
+    p = add("jobs", cmd_jobs, "List jobs (yours; --all-projects for your projects').")
+    p.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s")
+    p.add_argument("--all-projects", action="store_true")
+    p.add_argument("--state", help="e.g. PENDING,RUNNING or PD,R")
+    p.add_argument("--project")
+    p.add_argument("--queue")
+    p.add_argument("--cluster")
+    p.add_argument("-n", "--limit", type=int, default=100)
+    output(p)
+
+    p = add("show", cmd_show, "Show one job.")
+    p.add_argument("job_id", type=int)
+    output(p, ("text", "json", "yaml"))
+
+    for verb, text in (
+        ("cancel", "Cancel jobs."),
+        ("hold", "Hold pending jobs."),
+        ("release", "Release held jobs."),
+        ("requeue", "Requeue running jobs."),
+    ):
+        p = add(verb, cmd_action, text)
+        p.add_argument("job_ids", type=int, nargs="+", metavar="JOB_ID")
+        p.set_defaults(verb=verb)
+
+    p = add("logs", cmd_logs, "Print a job's output.")
+    p.add_argument("job_id", type=int)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--tail", type=int, default=100)
+
+    p = add("events", cmd_events, "Print a job's history.")
+    p.add_argument("job_id", type=int)
+    output(p)
+
+    output(add("clusters", cmd_clusters, "List clusters with free GPUs by model."))
+
+    p = add("nodes", cmd_nodes, "List nodes.")
+    p.add_argument("--cluster")
+    p.add_argument("--state")
+    p.add_argument("--gpu-model")
+    p.add_argument("-n", "--limit", type=int, default=100)
+    output(p)
+
+    output(add("queues", cmd_queues, "List queues with quota and use."))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ApiError, config.ConfigError, OSError) as exc:
+        print(str(exc) if isinstance(exc, ApiError) else f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
