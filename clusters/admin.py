@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from clusters.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
-from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, Node, NodeEvent
+from clusters.models import (
+    Cluster,
+    ClusterCredential,
+    GpuDevice,
+    GpuModel,
+    GpuModelAlias,
+    JoinToken,
+    MetricPoint,
+    Node,
+    NodeCredential,
+    NodeEvent,
+)
+from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 
 _REFUSALS = (NodeActionRefused,)
@@ -39,6 +51,23 @@ class ClusterAdmin(admin.ModelAdmin):
     list_filter = ["kind", "state"]
     search_fields = ["name", "display_name"]
     readonly_fields = ["state_changed_at", "created_at"]
+    actions = ["new_join_token", "new_collector_credential"]
+
+    @admin.action(description="Create a join token (for orrery-agent)")
+    def new_join_token(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        for cluster in queryset:
+            _, plaintext = create_join_token(cluster, name=f"by {request.user}")
+            self.message_user(
+                request, f"Join token for {cluster}: {plaintext} — shown once.", messages.WARNING
+            )
+
+    @admin.action(description="Create a collector credential")
+    def new_collector_credential(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        for cluster in queryset:
+            _, plaintext = issue_cluster_credential(cluster, name=f"by {request.user}")
+            self.message_user(
+                request, f"Collector credential for {cluster}: {plaintext} — shown once.", messages.WARNING
+            )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))
@@ -130,3 +159,52 @@ class NodeEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["to_state", "node__cluster"]
     list_select_related = ["node__cluster", "actor"]
     search_fields = ["node__name", "reason"]
+
+
+class _CredentialAdmin(admin.ModelAdmin):
+    """Credentials are created by actions and commands (the plaintext is shown once); here
+    they are listed and revoked."""
+
+    readonly_fields = ["prefix", "created_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    actions = [service_action(revoke, name="revoke", description="Revoke selected", refusals=())]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(_CredentialAdmin):
+    list_display = ["prefix", "cluster", "name", "uses", "created_at", "expires_at", "revoked_at"]
+    list_select_related = ["cluster"]
+    readonly_fields = [*_CredentialAdmin.readonly_fields, "uses"]
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(_CredentialAdmin):
+    list_display = ["prefix", "node", "created_at", "revoked_at"]
+    list_select_related = ["node__cluster"]
+    search_fields = ["node__name"]
+
+
+@admin.register(ClusterCredential)
+class ClusterCredentialAdmin(_CredentialAdmin):
+    list_display = ["prefix", "cluster", "name", "created_at", "revoked_at"]
+    list_select_related = ["cluster"]
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "at",
+        "resolution",
+        "cluster",
+        "gpu_model",
+        "gpus_total",
+        "gpus_allocated",
+        "utilization",
+        "power_w",
+    ]
+    list_filter = ["resolution", "cluster", "gpu_model"]
+    list_select_related = ["cluster", "gpu_model"]
+    date_hierarchy = "at"

@@ -235,3 +235,126 @@ class NodeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node}: {self.from_state} → {self.to_state}"
+
+
+class JoinToken(models.Model):
+    """Lets machines join a cluster: an agent trades it once for a per-node credential.
+    Only a SHA-256 digest is stored; the token is shown once, when an operator creates it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
+    name = models.CharField(max_length=80, default="default")
+    prefix = models.CharField(max_length=16, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        ordering = ["cluster_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.cluster.name}"
+
+
+class NodeCredential(models.Model):
+    """The secret a node agent heartbeats with, scoped to that one node. Registering again
+    revokes the previous one; only one live credential per node (partial unique index)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    prefix = models.CharField(max_length=24, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(revoked_at__isnull=True), name="one_live_node_credential"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.node}"
+
+
+class ClusterCredential(models.Model):
+    """The secret a collector (Slurm, Kubernetes, simulated) reports a whole cluster's nodes
+    with. Scoped to one cluster."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="credentials")
+    name = models.CharField(max_length=80, default="collector")
+    prefix = models.CharField(max_length=24, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.cluster.name}"
+
+
+class NodeLastSeen(models.Model):
+    """The slim, hot table of node liveness: one narrow row per node, rewritten by every
+    aggregation pass (the wide Node row is written only when something about it changes).
+    ``seen_at`` is server time; ``good_since`` starts a streak of on-time heartbeats, which
+    NODE_RECOVERY measures; ``fingerprint`` hashes the node's slow-changing facts so a pass can
+    tell which Node and GPU rows need writing."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="last_seen")
+    seen_at = models.DateTimeField()
+    good_since = models.DateTimeField()
+    boot_id = models.CharField(max_length=64, blank=True)
+    seq = models.BigIntegerField(default=0)
+    fingerprint = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["seen_at"], name="lastseen_seen_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} seen {self.seen_at:%H:%M:%S}"
+
+
+class MetricPoint(models.Model):
+    """A roll-up of the fleet's GPUs per cluster and model over one bucket: 1-minute points are
+    kept 24 h, 1-hour points 30 days. Averages are sums over ``samples`` (GPU reports)."""
+
+    class Resolution(models.TextChoices):
+        MINUTE = "1m", "1 minute"
+        HOUR = "1h", "1 hour"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="metric_points")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.CASCADE, related_name="metric_points")
+    resolution = models.CharField(max_length=2, choices=Resolution.choices)
+    at = models.DateTimeField(help_text="Start of the bucket.")
+    samples = models.BigIntegerField(default=0)
+    gpus_total = models.IntegerField(default=0)
+    gpus_allocated = models.IntegerField(default=0)
+    utilization_sum = models.FloatField(default=0.0)
+    power_w_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["cluster_id", "gpu_model_id", "resolution", "at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "gpu_model", "resolution", "at"], name="metric_point_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(samples__gte=0) & Q(gpus_total__gte=0) & Q(gpus_allocated__gte=0),
+                name="metric_point_nonneg",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.gpu_model_id} {self.resolution} {self.at:%Y-%m-%d %H:%M}"
+
+    @property
+    def utilization(self) -> float | None:
+        return self.utilization_sum / self.samples if self.samples else None
+
+    @property
+    def power_w(self) -> float | None:
+        return self.power_w_sum / self.samples if self.samples else None

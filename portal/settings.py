@@ -147,7 +147,18 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+# Periodic work. Each entry expires before its next run, so a worker that falls behind never
+# works through a backlog of stale passes.
+_PERIODIC = {
+    "flush-heartbeats": ("clusters.tasks.flush_heartbeats_task", 2.0),
+    "node-lifecycle": ("clusters.tasks.node_lifecycle_task", 5.0),
+    "sync-telemetry": ("clusters.tasks.sync_telemetry_task", 60.0),
+    "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
+    "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
+}
+CELERY_BEAT_SCHEDULE = {
+    name: {"task": task, "schedule": every, "options": {"expires": every}} for name, (task, every) in _PERIODIC.items()
+}
 
 # --- auth and security ------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -240,9 +251,13 @@ NODE_GRACE = int(os.environ.get("ORRERY_NODE_GRACE", 40))
 NODE_FAILOVER_AFTER = int(os.environ.get("ORRERY_NODE_FAILOVER_AFTER", 300))
 NODE_RECOVERY = int(os.environ.get("ORRERY_NODE_RECOVERY", 30))
 ORRERY_NODE_WORKLOAD = "scheduling.selectors.busy_node_ids"
-# Periodic work: Celery beat entries in production, in-process timers in the embedded default.
-ORRERY_EMBEDDED_TASKS = [
-    ("clusters.services.nodes.settle_draining_nodes", 5.0),
-]
+# The same periodic work on in-process timers in the embedded default (no broker, no beat).
+ORRERY_EMBEDDED_TASKS = [(task, every) for task, every in _PERIODIC.values()]
 # Flow control: a project's waiting (PENDING + HELD) jobs are capped; submissions past it get 429.
 ORRERY_MAX_WAITING_JOBS_PER_PROJECT = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_PER_PROJECT", 100_000))
+ORRERY_HEARTBEAT_INTERVAL = int(os.environ.get("ORRERY_HEARTBEAT_INTERVAL", 10))
+ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
+ORRERY_GPU_ALLOCATION = "scheduling.selectors.allocated_gpu_counts"
+ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
+# Called (after commit) with the ids of nodes that just went down: the job failover policy.
+ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "")

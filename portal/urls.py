@@ -7,6 +7,7 @@ from portal import views
 urlpatterns = [
     path("", views.fleet_summary, name="fleet-summary"),
     path("admin/", admin.site.urls),
+    path("api/v1/agent/", include("clusters.api.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

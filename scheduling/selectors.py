@@ -100,3 +100,14 @@ def queue_usage(queue_ids: Iterable[int]) -> tuple[dict[int, dict[str, int]], di
     ):
         jobs.setdefault(row["queue_id"], {})[row["state"]] = row["n"]
     return held, jobs
+
+
+def allocated_gpu_counts() -> dict[tuple[int, int], int]:
+    """``{(cluster id, GPU model id): GPUs held by active allocations}`` for the roll-ups."""
+    rows = (
+        Allocation.objects.filter(active=True, gpu__isnull=False)
+        .values("node__cluster_id", "gpu__model_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {(r["node__cluster_id"], r["gpu__model_id"]): r["n"] for r in rows}

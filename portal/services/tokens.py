@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
+from clusters.secrets import digest, new_secret
 from portal.models import ApiToken
 
 TOKEN_PREFIX = "orr_"
@@ -15,17 +13,11 @@ TOKEN_PREFIX = "orr_"
 _LAST_USED_RESOLUTION_S = 60
 
 
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def issue_token(user: AbstractBaseUser, *, name: str = "default") -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns the row and the plaintext, which is not kept."""
-    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        user=user, name=name, prefix=plaintext[: len(TOKEN_PREFIX) + 6], digest=digest(plaintext)
-    )
-    return token, plaintext
+    secret = new_secret(TOKEN_PREFIX)
+    token = ApiToken.objects.create(user=user, name=name, prefix=secret.prefix, digest=secret.digest)
+    return token, secret.plaintext
 
 
 def revoke_token(token: ApiToken, *, actor: AbstractBaseUser | None = None) -> None:

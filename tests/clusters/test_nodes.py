@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.choices import NodeState
-from clusters.models import GpuModel, NodeEvent
+from clusters.models import GpuModel, NodeEvent, NodeLastSeen
 from clusters.selectors import resolve_gpu_model
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 
@@ -68,8 +68,8 @@ def test_resume_after_drain_depends_on_heartbeats(node, operator):
     drain_node(node, actor=operator)
     assert resume_node(node, actor=operator).state == NodeState.NOT_READY  # never heartbeated
     cordon_node(node, actor=operator)
-    node.last_heartbeat_at = timezone.now() - timedelta(seconds=5)
-    node.save(update_fields=["last_heartbeat_at"])
+    seen = timezone.now() - timedelta(seconds=5)
+    NodeLastSeen.objects.create(node=node, seen_at=seen, good_since=seen)
     assert resume_node(node, actor=operator).state == NodeState.READY
 
 

@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from clusters.secrets import digest
 from portal.models import ApiToken
-from portal.services.tokens import authenticate_token, digest, issue_token, revoke_token
+from portal.services.tokens import authenticate_token, issue_token, revoke_token
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,266 @@
+"""The agent protocol: register, inventory, heartbeat, report (plain Django views: this is the
+hot path, so no serializer per record and no database write per report).
+
+Every error is JSON ``{"detail", "errors": [{"path", "message"}]}``: 400 for a malformed
+payload, 401 for a missing or refused credential, 403 for a report about a node or cluster
+the credential does not speak for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from clusters.ingest.buffer import get_buffer
+from clusters.ingest.records import ReportError, node_name, parse_report
+from clusters.metrics import REPORTS
+from clusters.models import Cluster, Node
+from clusters.selectors import resolve_gpu_model
+from clusters.services.credentials import (
+    CredentialRefused,
+    GpuDescription,
+    NodeDescription,
+    authenticate_cluster,
+    authenticate_node,
+    register_node,
+    upsert_node,
+)
+
+MAX_NODES_PER_REPORT = 5000
+_NAME_MAP_TTL_S = 30.0
+
+
+def _json(status: int, body: dict[str, Any]) -> HttpResponse:
+    return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, detail: str, path: str | None = None, message: str | None = None) -> HttpResponse:
+    errors = [{"path": path, "message": message}] if path else []
+    return _json(status, {"detail": detail, "errors": errors})
+
+
+def _bearer(request: HttpRequest) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def agent_endpoint(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """POST only, no CSRF (bearer credentials, no cookies), JSON body, uniform errors."""
+
+    @csrf_exempt
+    @require_POST
+    @wraps(view)
+    def wrapper(request: HttpRequest) -> HttpResponse:
+        try:
+            body = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"Malformed JSON: {exc}")
+        try:
+            return view(request, body, _bearer(request))
+        except CredentialRefused as exc:
+            REPORTS.labels("refused").inc()
+            return _error(401, f"Credential refused: {exc}.")
+        except ReportError as exc:
+            REPORTS.labels("malformed").inc()
+            return _error(400, "Malformed report.", exc.path, exc.message)
+
+    return wrapper
+
+
+def _text(value: Any, path: str, max_length: int = 120) -> str:
+    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+        raise ReportError(path, f"must be a non-empty string of at most {max_length} characters")
+    return value
+
+
+def _count(value: Any, path: str, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise ReportError(path, f"must be an integer between 0 and {high}")
+    return value
+
+
+def parse_node_description(data: Any, path: str = "") -> NodeDescription:
+    """A node's description of itself, GPU product strings resolved through the catalog."""
+    p = f"{path}." if path else ""
+    if not isinstance(data, dict):
+        raise ReportError(path or "(body)", "must be an object")
+    gpus_raw = data.get("gpus") or []
+    if not isinstance(gpus_raw, list) or len(gpus_raw) > 64:
+        raise ReportError(f"{p}gpus", "must be a list of at most 64 GPUs")
+    gpus, seen = [], set()
+    for i, gpu in enumerate(gpus_raw):
+        g = f"{p}gpus[{i}]"
+        if not isinstance(gpu, dict):
+            raise ReportError(g, "must be an object")
+        index = _count(gpu.get("index", i), f"{g}.index", 63)
+        if index in seen:
+            raise ReportError(f"{g}.index", f"index {index} appears twice")
+        seen.add(index)
+        model = resolve_gpu_model(_text(gpu.get("model"), f"{g}.model"))
+        if model is None:
+            raise ReportError(
+                f"{g}.model", f"unknown GPU model '{gpu.get('model')}'; an operator adds it to the catalog"
+            )
+        gpus.append(
+            GpuDescription(
+                index=index,
+                model=model,
+                uuid=str(gpu.get("uuid") or "")[:64],
+                memory_mb=_count(gpu.get("memory_total_mb") or 0, f"{g}.memory_total_mb", 10**7),
+                topology_group=str(gpu.get("topology_group") or "")[:63],
+            )
+        )
+    labels = data.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise ReportError(f"{p}labels", "must map strings to strings")
+    return NodeDescription(
+        name=_text(data.get("name"), f"{p}name"),
+        cpu_millicores=_count(data.get("cpu_millicores", 0), f"{p}cpu_millicores", 10**8),
+        memory_bytes=_count(data.get("memory_bytes", 0), f"{p}memory_bytes", 2**60),
+        gpus=gpus,
+        labels=labels,
+        agent_version=str(data.get("agent_version") or "")[:40],
+        boot_id=str(data.get("boot_id") or "")[:64],
+        rack=str(data.get("rack") or "")[:63],
+    )
+
+
+@agent_endpoint
+def register(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+    """``POST agent/register`` with a join token: the node's per-node credential (shown once)."""
+    description = parse_node_description(body)
+    node, credential = register_node(bearer, description)
+    return _json(
+        201,
+        {
+            "node": node.name,
+            "nodeId": node.pk,
+            "cluster": node.cluster.name,
+            "credential": credential,
+            "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+        },
+    )
+
+
+@agent_endpoint
+def inventory(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+    """``POST agent/nodes`` with a cluster credential: a collector declares its cluster's nodes."""
+    identity = authenticate_cluster(bearer)
+    if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
+        return _error(403, f"This credential reports for cluster '{identity.cluster_name}' only.")
+    nodes = body.get("nodes")
+    if not isinstance(nodes, list) or len(nodes) > MAX_NODES_PER_REPORT:
+        raise ReportError("nodes", f"must be a list of at most {MAX_NODES_PER_REPORT} nodes")
+    descriptions = [parse_node_description(n, f"nodes[{i}]") for i, n in enumerate(nodes)]
+    cluster = Cluster.objects.get(pk=identity.cluster_id)
+    for description in descriptions:
+        upsert_node(cluster, description)
+    _node_ids.forget(identity.cluster_id)
+    return _json(200, {"cluster": cluster.name, "nodes": len(descriptions)})
+
+
+@agent_endpoint
+def heartbeat(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+    """``POST agent/heartbeat`` with a node credential: one node's report. The reply says what
+    the node should run and stop, and how often to report."""
+    identity = authenticate_node(bearer)
+    name = node_name(body, "")
+    if name != identity.node_name:
+        REPORTS.labels("forbidden").inc()
+        return _error(403, f"This credential speaks for node '{identity.node_name}' only.")
+    record = parse_report(
+        body, "", node_id=identity.node_id, cluster_id=identity.cluster_id, received_at=time.time()
+    )
+    accepted, stale = get_buffer().put([record])
+    REPORTS.labels("accepted").inc(accepted)
+    if stale:
+        REPORTS.labels("stale").inc(stale)
+    return _json(
+        200,
+        {
+            "accepted": bool(accepted),
+            "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+            "desired": [],
+            "stop": [],
+        },
+    )
+
+
+@agent_endpoint
+def report(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+    """``POST agent/report`` with a cluster credential: the latest state of many nodes at once."""
+    identity = authenticate_cluster(bearer)
+    if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
+        REPORTS.labels("forbidden").inc()
+        return _error(403, f"This credential reports for cluster '{identity.cluster_name}' only.")
+    nodes = body.get("nodes")
+    if not isinstance(nodes, list) or len(nodes) > MAX_NODES_PER_REPORT:
+        raise ReportError("nodes", f"must be a list of at most {MAX_NODES_PER_REPORT} nodes")
+    ids = _node_ids.get(identity.cluster_id)
+    received_at = time.time()
+    records, unknown = [], []
+    for i, item in enumerate(nodes):
+        name = node_name(item, f"nodes[{i}]")
+        node_id = ids.get(name)
+        if node_id is None:
+            ids = _node_ids.get(identity.cluster_id, refresh=True)
+            node_id = ids.get(name)
+        if node_id is None:
+            unknown.append(name)
+            continue
+        records.append(
+            parse_report(
+                item, f"nodes[{i}]", node_id=node_id, cluster_id=identity.cluster_id, received_at=received_at
+            )
+        )
+    accepted, stale = get_buffer().put(records) if records else (0, 0)
+    REPORTS.labels("accepted").inc(accepted)
+    if stale:
+        REPORTS.labels("stale").inc(stale)
+    if unknown:
+        REPORTS.labels("unknown").inc(len(unknown))
+    return _json(
+        200,
+        {
+            "accepted": accepted,
+            "stale": stale,
+            "unknown": unknown[:100],
+            "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+        },
+    )
+
+
+class _NodeIdsByName:
+    """Per cluster ``{node name: id}``, cached for 30 s (refreshed at once on a miss)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, tuple[float, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, cluster_id: int, *, refresh: bool = False) -> dict[str, int]:
+        cached = self._maps.get(cluster_id)
+        now = time.monotonic()
+        if cached is None or (refresh and cached[0] + 1.0 < now) or cached[0] + _NAME_MAP_TTL_S < now:
+            names = dict(Node.objects.filter(cluster_id=cluster_id).values_list("name", "pk"))
+            with self._lock:
+                self._maps[cluster_id] = (now, names)
+            return names
+        return cached[1]
+
+    def forget(self, cluster_id: int) -> None:
+        self._maps.pop(cluster_id, None)
+
+
+_node_ids = _NodeIdsByName()

@@ -1,0 +1,1 @@
+"""Heartbeat ingest: validate reports into compact records and buffer them (no database)."""

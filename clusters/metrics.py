@@ -1,0 +1,17 @@
+"""Prometheus metrics of the reporting pipeline (served at /metrics with the others)."""
+
+from prometheus_client import Counter, Histogram
+
+REPORTS = Counter("orrery_heartbeat_reports_total", "Node reports received, by result.", ["result"])
+FLUSH_SECONDS = Histogram(
+    "orrery_heartbeat_flush_seconds",
+    "Duration of one aggregation pass.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+FLUSHED_NODES = Counter("orrery_heartbeat_flushed_nodes_total", "Node records written by aggregation passes.")
+NODE_TRANSITIONS = Counter("orrery_node_transitions_total", "Node state changes by lifecycle.", ["to_state"])
+FAILOVER_PAUSED = Counter(
+    "orrery_failover_paused_total",
+    "Lifecycle passes that held back failover because most of a cluster was silent.",
+    ["cluster"],
+)

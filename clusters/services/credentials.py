@@ -1,0 +1,237 @@
+"""Join tokens, node credentials and cluster credentials: issue, register, authenticate, revoke.
+
+Authentication sits on the heartbeat hot path, so it is a cached lookup: each process keeps
+``digest → identity`` for ``CACHE_TTL_S`` seconds. A revocation therefore takes effect within
+that time on every process (and at once on the one that revoked).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from clusters.choices import GpuHealth, NodeState
+from clusters.models import (
+    Cluster,
+    ClusterCredential,
+    GpuDevice,
+    GpuModel,
+    JoinToken,
+    Node,
+    NodeCredential,
+    NodeLastSeen,
+)
+from clusters.secrets import digest, new_secret
+
+JOIN_PREFIX, NODE_PREFIX, CLUSTER_PREFIX = "orj_", "orn_", "orc_"
+CACHE_TTL_S = 30.0
+
+
+class CredentialRefused(Exception):
+    """The secret is unknown, expired or revoked."""
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    node_id: int
+    node_name: str
+    cluster_id: int
+
+
+@dataclass(frozen=True)
+class ClusterIdentity:
+    cluster_id: int
+    cluster_name: str
+
+
+class _TtlCache:
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        item = self._items.get(key)
+        if item is None or item[0] < time.monotonic():
+            return None
+        return item[1]
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            if len(self._items) > 100_000:
+                self._items.clear()
+            self._items[key] = (time.monotonic() + CACHE_TTL_S, value)
+
+    def drop(self, key: str) -> None:
+        self._items.pop(key, None)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+_identities = _TtlCache()
+
+
+def create_join_token(
+    cluster: Cluster, *, name: str = "default", expires_at: datetime | None = None
+) -> tuple[JoinToken, str]:
+    secret = new_secret(JOIN_PREFIX)
+    token = JoinToken.objects.create(
+        cluster=cluster, name=name, prefix=secret.prefix, digest=secret.digest, expires_at=expires_at
+    )
+    return token, secret.plaintext
+
+
+def issue_cluster_credential(cluster: Cluster, *, name: str = "collector") -> tuple[ClusterCredential, str]:
+    secret = new_secret(CLUSTER_PREFIX)
+    credential = ClusterCredential.objects.create(
+        cluster=cluster, name=name, prefix=secret.prefix, digest=secret.digest
+    )
+    return credential, secret.plaintext
+
+
+def revoke(credential: JoinToken | NodeCredential | ClusterCredential, *, actor: Any = None) -> None:
+    """Revoke at once in this process, within ``CACHE_TTL_S`` in the others. Idempotent."""
+    type(credential).objects.filter(pk=credential.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    _identities.drop(credential.digest)
+
+
+@dataclass(frozen=True)
+class GpuDescription:
+    index: int
+    model: GpuModel
+    uuid: str = ""
+    memory_mb: int = 0
+    topology_group: str = ""
+
+
+@dataclass(frozen=True)
+class NodeDescription:
+    """What a node says about itself when it joins (validated by the caller)."""
+
+    name: str
+    cpu_millicores: int
+    memory_bytes: int
+    gpus: list[GpuDescription]
+    labels: dict[str, str]
+    agent_version: str = ""
+    boot_id: str = ""
+    rack: str = ""
+
+
+def join_cluster(plaintext: str) -> Cluster:
+    """The cluster a join token admits to; ``CredentialRefused`` otherwise."""
+    token = JoinToken.objects.select_related("cluster").filter(digest=digest(plaintext)).first()
+    now = timezone.now()
+    if token is None or token.revoked_at or (token.expires_at and token.expires_at <= now):
+        raise CredentialRefused("unknown, expired or revoked join token")
+    JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1)
+    return token.cluster
+
+
+@transaction.atomic
+def upsert_node(cluster: Cluster, description: NodeDescription) -> Node:
+    """Create the node, or refresh what it says about itself if it exists (same name in the
+    cluster). Its GPUs are made to match the description. A new node is ``not_ready`` until it
+    has heartbeated on time for NODE_RECOVERY seconds; an operator state (drained, cordoned…)
+    is kept."""
+    node, _ = Node.objects.select_for_update().get_or_create(
+        cluster=cluster,
+        name=description.name,
+        defaults={"state": NodeState.NOT_READY, "state_reason": "registered; waiting for heartbeats"},
+    )
+    node.cpu_millicores_capacity = node.cpu_millicores_allocatable = description.cpu_millicores
+    node.memory_bytes_capacity = node.memory_bytes_allocatable = description.memory_bytes
+    node.gpu_capacity = len(description.gpus)
+    node.labels = description.labels
+    node.agent_version, node.boot_id = description.agent_version, description.boot_id
+    node.rack = description.rack or node.rack
+    node.save()
+    existing = {g.index: g for g in GpuDevice.objects.filter(node=node)}
+    wanted = {g.index for g in description.gpus}
+    GpuDevice.objects.filter(node=node).exclude(index__in=wanted).delete()
+    for gpu in description.gpus:
+        device = existing.get(gpu.index) or GpuDevice(node=node, index=gpu.index, health=GpuHealth.HEALTHY)
+        device.model, device.uuid = gpu.model, gpu.uuid
+        device.memory_mb = gpu.memory_mb or gpu.model.memory_mb
+        device.topology_group = gpu.topology_group
+        device.save()
+    now = timezone.now()
+    NodeLastSeen.objects.update_or_create(
+        node=node,
+        defaults={
+            "seen_at": now,
+            "good_since": now,
+            "boot_id": description.boot_id,
+            "seq": 0,
+            "fingerprint": "",
+        },
+    )
+    return node
+
+
+@transaction.atomic
+def register_node(join_token: str, description: NodeDescription) -> tuple[Node, str]:
+    """Trade a join token for a node credential. Registering again (an agent whose work dir was
+    wiped, a reinstalled machine) revokes the node's previous credential."""
+    cluster = join_cluster(join_token)
+    node = upsert_node(cluster, description)
+    for old in NodeCredential.objects.filter(node=node, revoked_at__isnull=True):
+        revoke(old)
+    secret = new_secret(NODE_PREFIX)
+    NodeCredential.objects.create(node=node, prefix=secret.prefix, digest=secret.digest)
+    return node, secret.plaintext
+
+
+def authenticate_node(plaintext: str) -> NodeIdentity:
+    key = digest(plaintext)
+    identity = _identities.get(key)
+    if identity is None:
+        row = (
+            NodeCredential.objects.filter(digest=key, revoked_at__isnull=True)
+            .values_list("node_id", "node__name", "node__cluster_id")
+            .first()
+        )
+        if row is None:
+            raise CredentialRefused("unknown or revoked node credential")
+        identity = NodeIdentity(*row)
+        _identities.put(key, identity)
+    if not isinstance(identity, NodeIdentity):
+        raise CredentialRefused("not a node credential")
+    return identity
+
+
+def authenticate_cluster(plaintext: str) -> ClusterIdentity:
+    key = digest(plaintext)
+    identity = _identities.get(key)
+    if identity is None:
+        row = (
+            ClusterCredential.objects.filter(digest=key, revoked_at__isnull=True)
+            .values_list("cluster_id", "cluster__name")
+            .first()
+        )
+        if row is None:
+            raise CredentialRefused("unknown or revoked cluster credential")
+        identity = ClusterIdentity(*row)
+        _identities.put(key, identity)
+    if not isinstance(identity, ClusterIdentity):
+        raise CredentialRefused("not a cluster credential")
+    return identity
+
+
+def forget_cached_identities() -> None:
+    """For tests and operators' tools: make the next request read the database."""
+    _identities.clear()
+
+
+def heartbeat_interval_s() -> int:
+    return settings.ORRERY_HEARTBEAT_INTERVAL

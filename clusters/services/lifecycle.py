@@ -1,0 +1,189 @@
+"""Node lifecycle on server time (DESIGN.md §2), run every few seconds.
+
+::
+
+    ready ──(no heartbeat for NODE_GRACE)──► not_ready ──(none for NODE_FAILOVER_AFTER)──► down
+      ▲                                          │                                         │
+      └────────(NODE_RECOVERY of on-time heartbeats)◄──────────────────────────────────────┘
+
+Operator states (draining, drained, cordoned) are left alone. Going ``down`` is what triggers
+the job failover policy, so it is guarded twice, as Kubernetes' node lifecycle controller does:
+
+* per cluster at most ``ORRERY_FAILOVER_PER_MINUTE`` nodes go down per minute (the oldest
+  silent first); the rest wait for the next pass;
+* when more than half of a cluster is silent at once, failover pauses for that cluster with a
+  loud error: that is a network or control-plane fault, not thousands of broken machines.
+
+Every change is a compare-and-set (only rows still in the expected state move) with a NodeEvent
+in the same transaction. A cluster's own state follows its nodes: ``unreachable`` when most are
+silent, ``degraded`` when some are not ready, ``ready`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from clusters.choices import ClusterState, NodeState
+from clusters.events import NodeStateChanged
+from clusters.live import publish_on_commit
+from clusters.metrics import FAILOVER_PAUSED, NODE_TRANSITIONS
+from clusters.models import Cluster, Node, NodeEvent
+
+log = logging.getLogger(__name__)
+WATCHED = (NodeState.READY, NodeState.NOT_READY, NodeState.DOWN)
+AUTOMATIC_CLUSTER_STATES = (
+    ClusterState.ONBOARDING,
+    ClusterState.READY,
+    ClusterState.DEGRADED,
+    ClusterState.UNREACHABLE,
+)
+
+
+@dataclass
+class LifecycleResult:
+    not_ready: list[int] = field(default_factory=list)
+    down: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
+    deferred: int = 0
+
+
+def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
+    """One pass over every watched node; ``now`` is injectable so tests control the clock."""
+    now = now or timezone.now()
+    grace = now - timedelta(seconds=settings.NODE_GRACE)
+    failover = now - timedelta(seconds=settings.NODE_FAILOVER_AFTER)
+    recovery = now - timedelta(seconds=settings.NODE_RECOVERY)
+
+    rows = Node.objects.values_list(
+        "pk", "cluster_id", "state", "state_changed_at", "last_seen__seen_at", "last_seen__good_since"
+    )
+    totals: dict[int, int] = defaultdict(int)
+    silent: dict[int, int] = defaultdict(int)
+    not_ready, candidates, ready = [], defaultdict(list), []
+    for pk, cluster_id, state, changed_at, seen_at, good_since in rows:
+        totals[cluster_id] += 1
+        seen = seen_at or changed_at  # never heartbeated: silent since it was created or last moved
+        if seen < grace:
+            silent[cluster_id] += 1
+        if state == NodeState.READY and seen < grace:
+            not_ready.append(pk)
+        elif state == NodeState.NOT_READY and seen < failover:
+            candidates[cluster_id].append((seen, pk))
+        elif (
+            state in (NodeState.NOT_READY, NodeState.DOWN)
+            and seen >= grace
+            and good_since
+            and good_since <= recovery
+        ):
+            ready.append(pk)
+
+    result = LifecycleResult()
+    names = dict(Cluster.objects.values_list("pk", "name"))
+    recent_downs = _downs_in_last_minute(now)
+    for cluster_id, waiting in candidates.items():
+        if silent[cluster_id] * 2 > totals[cluster_id]:
+            FAILOVER_PAUSED.labels(names.get(cluster_id, str(cluster_id))).inc()
+            log.error(
+                "cluster %s: %d of %d nodes silent at once; failover PAUSED (suspect the network or the "
+                "control plane, not the nodes)",
+                names.get(cluster_id),
+                silent[cluster_id],
+                totals[cluster_id],
+            )
+            result.paused.append(names.get(cluster_id, str(cluster_id)))
+            continue
+        budget = max(settings.ORRERY_FAILOVER_PER_MINUTE - recent_downs.get(cluster_id, 0), 0)
+        chosen = [pk for _, pk in sorted(waiting)[:budget]]
+        result.deferred += len(waiting) - len(chosen)
+        result.down += chosen
+
+    with transaction.atomic():
+        result.not_ready = _move(
+            not_ready, NodeState.READY, NodeState.NOT_READY, f"no heartbeat for {settings.NODE_GRACE}s"
+        )
+        result.down = _move(
+            result.down,
+            NodeState.NOT_READY,
+            NodeState.DOWN,
+            f"no heartbeat for {settings.NODE_FAILOVER_AFTER}s",
+        )
+        result.ready = _move(
+            ready,
+            (NodeState.NOT_READY, NodeState.DOWN),
+            NodeState.READY,
+            f"heartbeats on time for {settings.NODE_RECOVERY}s",
+        )
+        _update_clusters(totals, silent)
+        if result.down and settings.ORRERY_NODE_LOST_HANDLER:
+            lost = list(result.down)
+            handler = import_string(settings.ORRERY_NODE_LOST_HANDLER)
+            transaction.on_commit(lambda: handler(lost))
+    return result
+
+
+def _downs_in_last_minute(now: datetime) -> dict[int, int]:
+    rows = (
+        NodeEvent.objects.filter(to_state=NodeState.DOWN, at__gte=now - timedelta(seconds=60))
+        .values("node__cluster_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {r["node__cluster_id"]: r["n"] for r in rows}
+
+
+def _move(ids: list[int], from_states: str | tuple[str, ...], to: str, reason: str) -> list[int]:
+    """Compare-and-set: move the nodes still in ``from_states``; returns the ids that moved."""
+    if not ids:
+        return []
+    sources = (from_states,) if isinstance(from_states, str) else from_states
+    locked = list(
+        Node.objects.select_for_update(skip_locked=True)
+        .filter(pk__in=ids, state__in=sources)
+        .values_list("pk", "state", "cluster_id", "name")
+    )
+    if not locked:
+        return []
+    now = timezone.now()
+    moved = [row[0] for row in locked]
+    Node.objects.filter(pk__in=moved).update(state=to, state_reason=reason, state_changed_at=now)
+    NodeEvent.objects.bulk_create(
+        NodeEvent(node_id=pk, from_state=state, to_state=to, reason=reason) for pk, state, _, _ in locked
+    )
+    NODE_TRANSITIONS.labels(to).inc(len(moved))
+    for pk, state, cluster_id, name in locked:
+        event = NodeStateChanged(pk, cluster_id, name, state, to, reason, now.isoformat())
+        publish_on_commit([f"cluster.{cluster_id}"], event)
+    return moved
+
+
+def _update_clusters(totals: dict[int, int], silent: dict[int, int]) -> None:
+    states = dict(
+        Node.objects.exclude(state=NodeState.READY)
+        .values("cluster_id")
+        .annotate(n=Count("id"))
+        .values_list("cluster_id", "n")
+    )
+    for cluster in Cluster.objects.filter(state__in=AUTOMATIC_CLUSTER_STATES, pk__in=list(totals)):
+        total, quiet = totals[cluster.pk], silent.get(cluster.pk, 0)
+        if quiet * 2 > total:
+            state, reason = ClusterState.UNREACHABLE, f"{quiet}/{total} nodes silent"
+        elif states.get(cluster.pk):
+            state, reason = ClusterState.DEGRADED, f"{states[cluster.pk]}/{total} nodes not ready"
+        else:
+            state, reason = ClusterState.READY, f"{total} nodes reporting"
+        if (cluster.state, cluster.state_reason) != (state, reason):
+            Cluster.objects.filter(pk=cluster.pk, state=cluster.state).update(
+                state=state,
+                state_reason=reason,
+                state_changed_at=timezone.now() if state != cluster.state else cluster.state_changed_at,
+            )
