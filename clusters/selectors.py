@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.core.cache import cache
 from django.db.models import Count, Q
 
-from clusters.choices import GpuHealth, NodeState
+from clusters.choices import ClusterKind, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias
 
 
@@ -66,3 +66,19 @@ def gpu_capacity_histogram(gpu_model_id: int) -> dict[int, int]:
             histogram[n] = histogram.get(n, 0) + 1
         cache.set(key, histogram, _CAPACITY_TTL_S)
     return histogram
+
+
+def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:
+    """``{cluster: [(node, GPU model slug, GPUs)]}`` of every simulated cluster, for the simulator."""
+    fleet: dict[str, list[tuple[str, str, int]]] = {}
+    rows = (
+        GpuDevice.objects.filter(node__cluster__kind=ClusterKind.SIMULATED)
+        .values("node__cluster__name", "node__name", "model__slug")
+        .annotate(n=Count("id"))
+        .order_by("node__cluster__name", "node__name")
+    )
+    for row in rows:
+        fleet.setdefault(row["node__cluster__name"], []).append(
+            (row["node__name"], row["model__slug"], row["n"])
+        )
+    return fleet

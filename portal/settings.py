@@ -157,7 +157,8 @@ _PERIODIC = {
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
 }
 CELERY_BEAT_SCHEDULE = {
-    name: {"task": task, "schedule": every, "options": {"expires": every}} for name, (task, every) in _PERIODIC.items()
+    name: {"task": task, "schedule": every, "options": {"expires": every}}
+    for name, (task, every) in _PERIODIC.items()
 }
 
 # --- auth and security ------------------------------------------------------------------------

@@ -4,6 +4,8 @@ Invariants that the database enforces are checked on both engines the product su
 ``default`` database (PostgreSQL under ``make test``) and ``sqlite`` (the embedded default).
 """
 
+import os
+
 from portal.settings import *  # noqa: F403
 from portal.settings import DATA_DIR, DATABASES
 
@@ -14,3 +16,4 @@ DATABASES["sqlite"] = {
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405  (whitenoise warns on a missing folder)
+ORRERY_REDIS_PREFIX = f"orrery-test-{os.getpid()}:"

@@ -11,6 +11,7 @@ app's business, which this app must not import: it asks the callable named by th
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -21,7 +22,7 @@ from django.utils.module_loading import import_string
 from clusters.choices import NodeState
 from clusters.events import NodeStateChanged
 from clusters.live import publish_on_commit
-from clusters.models import Node, NodeEvent
+from clusters.models import Node, NodeEvent, NodeLastSeen
 
 
 class NodeActionRefused(Exception):
@@ -86,10 +87,9 @@ def resume_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
     allowed = {NodeState.DRAINING, NodeState.DRAINED, NodeState.CORDONED}
     if node.state not in allowed:
         raise NodeActionRefused(f"{node} is {node.state}; only a draining, drained or cordoned node resumes.")
-    fresh = (
-        node.last_heartbeat_at
-        and (timezone.now() - node.last_heartbeat_at).total_seconds() < settings.NODE_GRACE
-    )
+    fresh = NodeLastSeen.objects.filter(
+        node=node, seen_at__gte=timezone.now() - timedelta(seconds=settings.NODE_GRACE)
+    ).exists()
     to = NodeState.READY if fresh else NodeState.NOT_READY
     _set_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator")
     return node

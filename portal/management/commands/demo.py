@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
 import threading
+import time
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from clusters.selectors import simulated_fleet
+from clusters.simulator import FleetSimulator, SimulatorError
 from portal.embedded import start_embedded_timers
 from portal.services.demo import DEMO_USERS, DemoRefused, seed_demo
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -18,8 +26,17 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-seed", action="store_true", help="Serve what is there; seed nothing.")
+        parser.add_argument(
+            "--no-simulator", action="store_true", help="Do not keep simulated clusters reporting."
+        )
+        parser.add_argument(
+            "--fail-rate", type=float, default=0.004, help="chance a simulated node dies per report"
+        )
 
-    def handle(self, *args, host: str, port: int, no_seed: bool, **options) -> None:
+    def handle(
+        self, *args, host: str, port: int, no_seed: bool, no_simulator: bool, fail_rate: float, **options
+    ) -> None:
+        self.fail_rate = fail_rate
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         if not no_seed:
@@ -34,6 +51,10 @@ class Command(BaseCommand):
 
         stop = threading.Event()
         start_embedded_timers(stop)
+        if not no_simulator:
+            threading.Thread(
+                target=self._simulate, args=(host, port, stop), name="simulator", daemon=True
+            ).start()
         # Imported late: the ASGI application needs the app registry ready.
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
@@ -46,3 +67,24 @@ class Command(BaseCommand):
             ).run()
         finally:
             stop.set()
+
+    def _simulate(self, host: str, port: int, stop: threading.Event) -> None:
+        """Keep the simulated clusters reporting through the agent API, like real collectors,
+        with the odd node dying and coming back so the lifecycle shows."""
+        for _ in range(100):  # wait until the server accepts connections
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+                break
+            time.sleep(0.1)
+        fleet = simulated_fleet()
+        if not fleet:
+            return
+        simulator = FleetSimulator(
+            f"http://{host}:{port}", mode="batched", interval=5.0, fail_rate=self.fail_rate
+        )
+        try:
+            simulator.setup(existing=fleet)
+        except (SimulatorError, OSError) as exc:
+            log.error("the demo fleet simulator could not start: %s", exc)
+            return
+        threading.Thread(target=lambda: (stop.wait(), simulator.stop()), daemon=True).start()
+        simulator.run()

@@ -1,0 +1,284 @@
+"""A simulated fleet that reports like a real one: over HTTP, through the public agent API.
+
+Used by ``manage.py simulate_fleet``, by ``make demo`` (a small fleet) and by the heartbeat
+benchmark. It is an operator's tool that runs next to the server: it creates its clusters and
+their credentials directly (as an operator would in the console), then registers nodes and
+sends every report through ``/api/v1/agent/…`` like any collector or agent.
+
+* ``batched`` mode: one collector per cluster posts all its nodes every interval
+  (``agent/nodes`` once, then ``agent/report`` in chunks);
+* ``per-node`` mode: every node registers with a join token and heartbeats on its own
+  (``agent/register``, then ``agent/heartbeat``).
+
+With ``fail_rate`` each live node may die at each interval (it stops reporting for one to ten
+minutes, then comes back with a new boot id), so the lifecycle has something to do.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import random
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from clusters.choices import ClusterKind, ClusterState
+from clusters.models import Cluster, GpuModel
+from clusters.services.credentials import create_join_token, issue_cluster_credential
+
+log = logging.getLogger(__name__)
+MODELS = ["h100-80g", "a100-80g", "l40s-48g", "h200-141g"]
+CHUNK = 1000
+
+
+class SimulatorError(Exception):
+    """The server refused something the simulator needs (registration, a report)."""
+
+
+@dataclass
+class SimNode:
+    name: str
+    cluster: str
+    model: str
+    gpus: int
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seq: int = 0
+    dead_until: float = 0.0
+    credential: str = ""
+    busy: list[float] = field(default_factory=list)
+
+    def report(self, now: float) -> dict[str, Any]:
+        self.seq += 1
+        if not self.busy:
+            self.busy = [random.choice((0.0, 0.0, 35.0, 90.0)) for _ in range(self.gpus)]
+        gpus = []
+        for i in range(self.gpus):
+            util = min(100.0, max(0.0, self.busy[i] + random.uniform(-8, 8)))
+            self.busy[i] = util
+            gpus.append(
+                {
+                    "index": i,
+                    "model": self.model,
+                    "util": round(util, 1),
+                    "memory_used_mb": int(util * 700),
+                    "power_w": round(80 + util * 6, 1),
+                    "temp_c": round(35 + util * 0.4, 1),
+                    "health": "healthy",
+                }
+            )
+        return {
+            "node": self.name,
+            "boot_id": self.boot_id,
+            "seq": self.seq,
+            "sent_at": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "cpu": round(random.uniform(0.05, 0.9), 3),
+            "memory": random.randint(2**34, 2**38),
+            "power_w": round(sum(g["power_w"] for g in gpus) + 300, 1),
+            "agent_version": "simulator",
+            "gpus": gpus,
+        }
+
+    def description(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cpu_millicores": 128_000,
+            "memory_bytes": 1024 * 2**30,
+            "agent_version": "simulator",
+            "boot_id": self.boot_id,
+            "labels": {"simulated": "true"},
+            "gpus": [
+                {
+                    "index": i,
+                    "model": self.model,
+                    "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{self.name}.{i}')}",
+                    "topology_group": f"nvl{i // 4}",
+                }
+                for i in range(self.gpus)
+            ],
+        }
+
+
+class _Http:
+    """One keep-alive connection per thread to the server."""
+
+    def __init__(self, server: str, timeout: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(server)
+        self.host, self.port, self.timeout = parsed.hostname or "127.0.0.1", parsed.port or 80, timeout
+        self.local = threading.local()
+
+    def post(self, path: str, body: Any, bearer: str) -> tuple[int, Any]:
+        data = orjson.dumps(body)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {bearer}"}
+        for attempt in (1, 2):
+            conn = getattr(self.local, "conn", None)
+            if conn is None:
+                conn = self.local.conn = http.client.HTTPConnection(
+                    self.host, self.port, timeout=self.timeout
+                )
+            try:
+                conn.request("POST", path, data, headers)
+                response = conn.getresponse()
+                payload = response.read()
+                return response.status, orjson.loads(payload) if payload else None
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self.local.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class FleetSimulator:
+    def __init__(
+        self,
+        server: str,
+        *,
+        clusters: int | Iterable[str] = 4,
+        nodes: int = 100,
+        mode: str = "batched",
+        interval: float = 10.0,
+        fail_rate: float = 0.0,
+        gpus_per_node: int = 8,
+        prefix: str = "sim",
+        threads: int = 8,
+    ) -> None:
+        if mode not in ("batched", "per-node"):
+            raise ValueError("mode is batched or per-node")
+        names = [f"{prefix}-{i}" for i in range(clusters)] if isinstance(clusters, int) else list(clusters)
+        self.http = _Http(server)
+        self.mode, self.interval, self.fail_rate, self.threads = mode, interval, fail_rate, threads
+        self.clusters = names
+        self.nodes: list[SimNode] = []
+        self.credentials: dict[str, str] = {}
+        self.sent = self.refused = 0
+        per_cluster = max(nodes // len(names), 1)
+        for c, cluster in enumerate(names):
+            model = MODELS[c % len(MODELS)]
+            self.nodes += [
+                SimNode(f"{cluster}-n{i:05d}", cluster, model, gpus_per_node) for i in range(per_cluster)
+            ]
+        self._stop = threading.Event()
+
+    # --- setup: operator side, then the public API ---------------------------------------------
+    def setup(self, existing: dict[str, list[tuple[str, str, int]]] | None = None) -> None:
+        """Create clusters and credentials, then declare or register every node over HTTP.
+        ``existing`` attaches to clusters that already have nodes: ``{cluster: [(node, model, gpus)]}``."""
+        if existing:
+            self.clusters = list(existing)
+            self.nodes = [SimNode(n, c, m, g) for c, rows in existing.items() for n, m, g in rows]
+        for name in self.clusters:
+            cluster, _ = Cluster.objects.get_or_create(
+                name=name,
+                defaults={
+                    "kind": ClusterKind.SIMULATED,
+                    "state": ClusterState.ONBOARDING,
+                    "display_name": "Simulated cluster",
+                },
+            )
+            if self.mode == "batched":
+                _, self.credentials[name] = issue_cluster_credential(cluster, name="simulator")
+            else:
+                _, self.credentials[name] = create_join_token(cluster, name="simulator")
+        GpuModel.objects.filter(slug__in=MODELS).count()  # the catalog must hold the simulated models
+        if self.mode == "batched":
+            for cluster in self.clusters:
+                members = [n for n in self.nodes if n.cluster == cluster]
+                for i in range(0, len(members), CHUNK):
+                    body = {"cluster": cluster, "nodes": [n.description() for n in members[i : i + CHUNK]]}
+                    self._expect(
+                        self.http.post("/api/v1/agent/nodes", body, self.credentials[cluster]),
+                        "declare nodes",
+                    )
+        else:
+            with ThreadPoolExecutor(self.threads) as pool:
+                list(pool.map(self._register, self.nodes))
+
+    def _register(self, node: SimNode) -> None:
+        status, body = self.http.post(
+            "/api/v1/agent/register", node.description(), self.credentials[node.cluster]
+        )
+        self._expect((status, body), f"register {node.name}")
+        node.credential = body["credential"]
+
+    @staticmethod
+    def _expect(result: tuple[int, Any], what: str) -> Any:
+        status, body = result
+        if status >= 300:
+            raise SimulatorError(f"{what}: HTTP {status}: {body}")
+        return body
+
+    # --- reporting ---------------------------------------------------------------------------
+    def alive(self, now: float) -> list[SimNode]:
+        live = []
+        for node in self.nodes:
+            if node.dead_until > now:
+                continue
+            if node.dead_until:  # back from the dead: a reboot
+                node.dead_until, node.boot_id, node.seq = 0.0, uuid.uuid4().hex, 0
+            if self.fail_rate and random.random() < self.fail_rate:
+                node.dead_until = now + random.uniform(60, 600)
+                log.info("simulated node %s stops reporting", node.name)
+                continue
+            live.append(node)
+        return live
+
+    def kill(self, name: str, seconds: float) -> None:
+        """Make one node silent for ``seconds`` (tests and demos)."""
+        for node in self.nodes:
+            if node.name == name:
+                node.dead_until = time.time() + seconds
+
+    def tick(self) -> int:
+        """Send one round of reports; returns how many node reports were accepted."""
+        now = time.time()
+        live = self.alive(now)
+        if self.mode == "batched":
+            jobs = []
+            for cluster in self.clusters:
+                members = [n for n in live if n.cluster == cluster]
+                jobs += [(cluster, members[i : i + CHUNK]) for i in range(0, len(members), CHUNK)]
+            with ThreadPoolExecutor(min(self.threads, max(len(jobs), 1))) as pool:
+                return sum(pool.map(lambda job: self._send_batch(job[0], job[1], now), jobs))
+        with ThreadPoolExecutor(self.threads) as pool:
+            return sum(pool.map(lambda node: self._send_one(node, now), live))
+
+    def _send_batch(self, cluster: str, nodes: list[SimNode], now: float) -> int:
+        body = {"cluster": cluster, "nodes": [n.report(now) for n in nodes]}
+        status, answer = self.http.post("/api/v1/agent/report", body, self.credentials[cluster])
+        self.sent += len(nodes)
+        if status != 200:
+            self.refused += len(nodes)
+            log.warning("report for %s refused: HTTP %s %s", cluster, status, answer)
+            return 0
+        return answer["accepted"]
+
+    def _send_one(self, node: SimNode, now: float) -> int:
+        status, answer = self.http.post("/api/v1/agent/heartbeat", node.report(now), node.credential)
+        self.sent += 1
+        if status != 200:
+            self.refused += 1
+            return 0
+        return int(answer["accepted"])
+
+    def run(self, duration: float | None = None) -> None:
+        """Report every ``interval`` until ``stop()`` or ``duration`` seconds have passed."""
+        end = time.monotonic() + duration if duration else None
+        while not self._stop.is_set() and (end is None or time.monotonic() < end):
+            started = time.monotonic()
+            try:
+                accepted = self.tick()
+                log.debug("simulator sent a round: %d accepted", accepted)
+            except (OSError, http.client.HTTPException) as exc:
+                log.warning("simulator could not reach the server: %s", exc)
+            self._stop.wait(max(self.interval - (time.monotonic() - started), 0.0))
+
+    def stop(self) -> None:
+        self._stop.set()
