@@ -50,7 +50,6 @@ def job_spec(**changes: Any) -> dict[str, Any]:
     return document
 
 
-
 def error_paths(response: Any) -> list[str]:
     """The ``path`` of every entry of an error body, checking the body's shape on the way."""
     body = response.json()

@@ -59,8 +59,16 @@ def test_batch_multi_document_yaml(api, alice):
         ("not a spec", "jobs[1]"),
         (None, "jobs[1]"),
     ],
-    ids=["negative-gpus", "unknown-model", "other-project", "unknown-queue", "unknown-field", "state",
-         "string", "null"],
+    ids=[
+        "negative-gpus",
+        "unknown-model",
+        "other-project",
+        "unknown-queue",
+        "unknown-field",
+        "state",
+        "string",
+        "null",
+    ],
 )
 def test_one_bad_spec_refuses_the_whole_batch(api, alice, nlp_queue, bad, path):
     response = post_batch(api(alice), [job_spec(metadata__name="good"), bad, job_spec(metadata__name="x")])

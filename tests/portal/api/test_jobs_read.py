@@ -28,7 +28,12 @@ def test_list_shows_the_users_jobs_newest_first(api, alice, queue):
     response = api(alice).get(JOBS)
     assert ids(response) == [newer.pk, older.pk]
     row = response.json()["results"][0]
-    assert (row["owner"], row["project"], row["state"], row["stateCode"]) == ("alice", "vision", "PENDING", "PD")
+    assert (row["owner"], row["project"], row["state"], row["stateCode"]) == (
+        "alice",
+        "vision",
+        "PENDING",
+        "PD",
+    )
     assert "spec" not in row
 
 
@@ -36,7 +41,12 @@ def test_detail_has_the_spec_and_placement(api, alice, queue, fleet):
     job = make_job(alice, queue, gpus=2, spec={"run": "x"})
     bind_job(job, [NodePlacement(fleet.h100[1], [3, 5])])
     body = api(alice).get(f"{JOBS}/{job.pk}").json()
-    assert (body["id"], body["state"], body["spec"], body["reason"]) == (job.pk, "SCHEDULED", {"run": "x"}, None)
+    assert (body["id"], body["state"], body["spec"], body["reason"]) == (
+        job.pk,
+        "SCHEDULED",
+        {"run": "x"},
+        None,
+    )
     assert body["placement"]["cluster"] == "sim-a"
     assert body["placement"]["nodes"] == [{"node": "a-h1", "gpus": [3, 5]}]
     assert body["placement"]["active"] is True and body["attempts"] == 1
@@ -84,7 +94,13 @@ def jobs(alice, queue, fleet):
     bind_job(running, [NodePlacement(fleet.h100[0], range(8))])
     Job.objects.filter(pk=running.pk).update(state=JobState.RUNNING)
     cancelled = make_job(alice, queue, name="old", state=JobState.CANCELLED)
-    return {"pending": pending, "pending2": pending2, "held": held, "running": running, "cancelled": cancelled}
+    return {
+        "pending": pending,
+        "pending2": pending2,
+        "held": held,
+        "running": running,
+        "cancelled": cancelled,
+    }
 
 
 @pytest.mark.parametrize(
@@ -299,4 +315,3 @@ def test_session_login_works_and_writes_need_csrf(alice, queue):
 def test_out_of_range_ids_are_a_404(api, alice, queue, pk):
     assert api(alice).get(f"{JOBS}/{pk}").status_code == 404
     assert api(alice).post(f"{JOBS}/{pk}/cancel").status_code == 404
-

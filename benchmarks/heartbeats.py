@@ -1,0 +1,523 @@
+#!/usr/bin/env python
+"""Heartbeat pipeline benchmark: ingest (batched and per node), aggregation, detection, loss.
+
+    python benchmarks/heartbeats.py --nodes 10000 --json
+
+Runs against PostgreSQL and Redis (``DATABASE_URL``/``REDIS_URL``, defaults on loopback) and the
+production HTTP server, gunicorn, which it starts on loopback. It creates a throwaway database,
+a fleet of 4 clusters with 8 GPUs per node, and credentials (as an operator would), then:
+
+1. batched ingest: collector processes post 1,000-node reports as fast as they can;
+2. per-node ingest: client processes post one heartbeat per request as fast as they can;
+3. aggregation: passes over 10,000 changed nodes, timed;
+4. detection: some nodes stop reporting while the lifecycle runs every 5 s (as beat runs it);
+   the time from each one's last heartbeat to ``not_ready``;
+5. loss: every node's last accepted report must be the one in the database.
+
+The load generator shares the machine's cores with the server, as it does in the design
+budget. It prints one JSON object. Nothing here is asserted: figures go in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def gpu_report(gpus: int, seq: int) -> list[dict]:
+    return [
+        {
+            "index": i,
+            "util": float((seq * 7 + i * 13) % 100),
+            "memory_used_mb": 1000 + seq % 50,
+            "power_w": 300.0 + i,
+            "temp_c": 55.0,
+            "health": "healthy",
+        }
+        for i in range(gpus)
+    ]
+
+
+# --- load generators (run in child processes) ---------------------------------------------------
+
+
+def batched_client(
+    port: int, jobs: list[tuple[str, str, list[tuple[int, str]]]], gpus: int, seconds: float, boot: str
+) -> dict:
+    """Post each (cluster, credential, nodes) batch in turn until time is up."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    last: dict[int, int] = {}
+    seq, accepted, requests, errors = 0, 0, 0, 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        seq += 1
+        for cluster, credential, nodes in jobs:
+            body = json.dumps(
+                {
+                    "cluster": cluster,
+                    "nodes": [
+                        {
+                            "node": name,
+                            "boot_id": boot,
+                            "seq": seq,
+                            "cpu": 0.4,
+                            "memory": 2**34,
+                            "gpus": gpu_report(gpus, seq),
+                        }
+                        for _, name in nodes
+                    ],
+                }
+            ).encode()
+            try:
+                conn.request(
+                    "POST",
+                    "/api/v1/agent/report",
+                    body,
+                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
+                )
+                response = conn.getresponse()
+                answer = json.loads(response.read())
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                errors += 1
+                continue
+            requests += 1
+            if response.status == 200 and answer["accepted"] == len(nodes):
+                accepted += len(nodes)
+                last.update({node_id: seq for node_id, _ in nodes})
+            else:
+                errors += 1
+    return {"accepted": accepted, "requests": requests, "errors": errors, "last": last}
+
+
+def per_node_client(
+    port: int, nodes: list[tuple[int, str, str]], gpus: int, seconds: float, boot: str, start_seq: int
+) -> dict:
+    """One heartbeat per request, cycling over this client's nodes, until time is up."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    last: dict[int, int] = {}
+    latencies: list[float] = []
+    errors = 0
+    seq = start_seq
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        seq += 1
+        for node_id, name, credential in nodes:
+            if time.monotonic() >= end:
+                break
+            body = json.dumps(
+                {
+                    "node": name,
+                    "boot_id": boot,
+                    "seq": seq,
+                    "cpu": 0.4,
+                    "memory": 2**34,
+                    "gpus": gpu_report(gpus, seq),
+                }
+            ).encode()
+            started = time.perf_counter()
+            try:
+                conn.request(
+                    "POST",
+                    "/api/v1/agent/heartbeat",
+                    body,
+                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
+                )
+                response = conn.getresponse()
+                answer = json.loads(response.read())
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                errors += 1
+                continue
+            latencies.append((time.perf_counter() - started) * 1000)
+            if response.status == 200 and answer["accepted"]:
+                last[node_id] = seq
+            else:
+                errors += 1
+    return {"latencies": latencies, "errors": errors, "last": last}
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+
+def process_cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def server_pids(master: int) -> list[int]:
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return [master, *map(int, children)]
+
+
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    import socket
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the server did not start on port {port}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--clusters", type=int, default=4)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of each ingest phase")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--clients", type=int, default=4, help="load-generator processes")
+    parser.add_argument("--detect-nodes", type=int, default=200)
+    parser.add_argument("--skip-detection", action="store_true", help="skip the ~50 s detection phase")
+    parser.add_argument("--port", type=int, default=18_431)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    args = parser.parse_args()
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+
+    base_url = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
+    db_name = f"orrery_bench_{os.getpid()}"
+    database_url = base_url.rsplit("/", 1)[0] + f"/{db_name}"
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = f"orrery-bench-{os.getpid()}:"
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "ORRERY_REDIS_PREFIX": prefix,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "ORRERY_LOG_LEVEL": "WARNING",
+    }
+    os.environ.update(env)
+
+    import psycopg
+
+    admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db_name}"')
+    server = None
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        say(f"database {db_name} ready; building a fleet of {args.nodes} nodes")
+        fleet = build_fleet(args.nodes, args.clusters, args.gpus_per_node)
+
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "portal.wsgi:application",
+                "--bind",
+                f"127.0.0.1:{args.port}",
+                "--workers",
+                str(args.workers),
+                "--worker-class",
+                "gthread",
+                "--threads",
+                str(args.threads),
+                "--log-level",
+                "warning",
+                "--keep-alive",
+                "30",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
+        wait_for_port(args.port)
+        time.sleep(1.0)
+        pids = server_pids(server.pid)
+        result: dict[str, object] = {
+            "nodes": args.nodes,
+            "clusters": args.clusters,
+            "gpus_per_node": args.gpus_per_node,
+            "server": f"gunicorn gthread {args.workers}x{args.threads}",
+            "clients": args.clients,
+        }
+        boot = uuid.uuid4().hex
+        last: dict[int, int] = {}
+
+        say("phase 1: batched ingest")
+        jobs = [
+            (c, cred, nodes[i : i + 1000])
+            for c, cred, nodes in fleet["clusters"]
+            for i in range(0, len(nodes), 1000)
+        ]
+        shares = [jobs[i :: args.clients] for i in range(args.clients)]
+        cpu_before = process_cpu_seconds(pids)
+        started = time.monotonic()
+        with mp.get_context("fork").Pool(args.clients) as pool:
+            outcomes = pool.starmap(
+                batched_client,
+                [(args.port, share, args.gpus_per_node, args.seconds, boot) for share in shares if share],
+            )
+        elapsed = time.monotonic() - started
+        cpu = process_cpu_seconds(pids) - cpu_before
+        accepted = sum(o["accepted"] for o in outcomes)
+        for o in outcomes:
+            last.update(o["last"])
+        result["batched_records_per_s"] = round(accepted / elapsed)
+        result["batched_requests"] = sum(o["requests"] for o in outcomes)
+        result["batched_errors"] = sum(o["errors"] for o in outcomes)
+        result["server_cpu_s_per_1000_records"] = round(cpu / max(accepted, 1) * 1000, 4)
+        drain(say)
+
+        say("phase 2: per-node ingest")
+        per_node = fleet["per_node"]
+        shares = [per_node[i :: args.clients] for i in range(args.clients)]
+        started = time.monotonic()
+        with mp.get_context("fork").Pool(args.clients) as pool:
+            outcomes = pool.starmap(
+                per_node_client,
+                [(args.port, share, args.gpus_per_node, args.seconds, boot, 10**6) for share in shares],
+            )
+        elapsed = time.monotonic() - started
+        latencies = [x for o in outcomes for x in o["latencies"]]
+        for o in outcomes:
+            last.update(o["last"])
+        result["per_node_requests_per_s"] = round(len(latencies) / elapsed)
+        result["per_node_p50_ms"] = round(percentile(latencies, 0.50), 2)
+        result["per_node_p99_ms"] = round(percentile(latencies, 0.99), 2)
+        result["per_node_errors"] = sum(o["errors"] for o in outcomes)
+        drain(say)
+
+        say("phase 3: aggregation passes over every node")
+        result.update(flush_passes(fleet, args.gpus_per_node, boot))
+
+        say("phase 4: loss check")
+        result["lost_reports"] = lost_reports(last)
+
+        if not args.skip_detection:
+            say("phase 5: detection (about a minute)")
+            result.update(detection(fleet, args.detect_nodes, args.gpus_per_node))
+        print(json.dumps(result, indent=None if args.json else 2))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+        from django.db import connections
+
+        connections.close_all()
+        from clusters.ingest.buffer import get_buffer
+
+        get_buffer().clear()
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+def build_fleet(nodes: int, clusters: int, gpus: int) -> dict:
+    """Clusters, nodes, GPUs and credentials, bulk-inserted as an operator's import would."""
+    from django.utils import timezone
+
+    from clusters.choices import ClusterKind, ClusterState, NodeState
+    from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeCredential, NodeLastSeen
+    from clusters.secrets import new_secret
+    from clusters.services.credentials import issue_cluster_credential
+
+    models = list(GpuModel.objects.filter(slug__in=["h100-80g", "a100-80g", "l40s-48g", "h200-141g"]))
+    now = timezone.now()
+    out: dict = {"clusters": [], "per_node": [], "node_ids": []}
+    per_cluster = nodes // clusters
+    for c in range(clusters):
+        cluster = Cluster.objects.create(
+            name=f"bench-{c}", kind=ClusterKind.SIMULATED, state=ClusterState.READY
+        )
+        rows = Node.objects.bulk_create(
+            Node(
+                cluster=cluster,
+                name=f"bench-{c}-n{i:05d}",
+                state=NodeState.READY,
+                gpu_capacity=gpus,
+                cpu_millicores_capacity=128_000,
+                cpu_millicores_allocatable=128_000,
+                memory_bytes_capacity=2**40,
+                memory_bytes_allocatable=2**40,
+            )
+            for i in range(per_cluster)
+        )
+        model = models[c % len(models)]
+        GpuDevice.objects.bulk_create(
+            (
+                GpuDevice(node=n, index=g, model=model, memory_mb=model.memory_mb)
+                for n in rows
+                for g in range(gpus)
+            ),
+            batch_size=5000,
+        )
+        NodeLastSeen.objects.bulk_create(NodeLastSeen(node=n, seen_at=now, good_since=now) for n in rows)
+        _, credential = issue_cluster_credential(cluster)
+        out["clusters"].append((cluster.name, credential, [(n.pk, n.name) for n in rows]))
+        out["node_ids"] += [n.pk for n in rows]
+    secrets = []
+    for node_id, name in [x for _, _, nodes_ in out["clusters"] for x in nodes_]:
+        secret = new_secret("orn_")
+        secrets.append(NodeCredential(node_id=node_id, prefix=secret.prefix, digest=secret.digest))
+        out["per_node"].append((node_id, name, secret.plaintext))
+    NodeCredential.objects.bulk_create(secrets, batch_size=5000)
+    return out
+
+
+def drain(say) -> None:
+    from clusters.services.aggregation import flush_heartbeats
+
+    while (result := flush_heartbeats()).nodes:
+        say(f"  drained {result.nodes} records in {result.seconds * 1000:.0f} ms")
+
+
+def flush_passes(fleet: dict, gpus: int, boot: str, passes: int = 10) -> dict:
+    from clusters.ingest.buffer import get_buffer
+    from clusters.services.aggregation import flush_heartbeats
+
+    buffer = get_buffer()
+    timings, changed = [], []
+    seq = 10**7
+    for p in range(passes):
+        seq += 1
+        # every 5th pass every node also reboots: the Node and GPU rows must be written too
+        this_boot = f"{boot}-{p}" if p % 5 == 4 else boot
+        now = time.time()
+        records = [
+            {
+                "n": n,
+                "c": 0,
+                "b": this_boot,
+                "q": seq,
+                "t": now,
+                "s": "",
+                "cpu": 0.5,
+                "mem": 2**34,
+                "pw": 900.0,
+                "av": "bench",
+                "g": [[i, "", "", 0, 1000, 50.0, 300.0, 55.0, "healthy", None] for i in range(gpus)],
+                "r": [],
+            }
+            for n in fleet["node_ids"]
+        ]
+        for i in range(0, len(records), 1000):
+            buffer.put(records[i : i + 1000])
+        result = flush_heartbeats()
+        timings.append(result.seconds * 1000)
+        changed.append(result.changed)
+    return {
+        "flush_nodes_per_pass": len(fleet["node_ids"]),
+        "flush_pass_ms_p50": round(statistics.median(timings), 1),
+        "flush_pass_ms_p99": round(percentile(timings, 0.99), 1),
+        "flush_pass_ms_all": [round(t, 1) for t in timings],
+        "flush_passes_with_changed_facts": sum(1 for c in changed if c),
+    }
+
+
+def lost_reports(last: dict[int, int]) -> int:
+    from clusters.models import NodeLastSeen
+
+    stored = dict(NodeLastSeen.objects.filter(node_id__in=list(last)).values_list("node_id", "seq"))
+    # phase 3 wrote higher seqs to every node: a node is lost only if the DB lags what was accepted
+    return sum(1 for node_id, seq in last.items() if stored.get(node_id, -1) < seq)
+
+
+def detection(fleet: dict, count: int, gpus: int) -> dict:
+    """Stop ``count`` nodes at staggered times while the rest keep reporting and the lifecycle
+    runs every 5 s; measure last heartbeat → not_ready."""
+    from django.conf import settings
+
+    from clusters.choices import NodeState
+    from clusters.ingest.buffer import get_buffer
+    from clusters.models import Node, NodeEvent
+    from clusters.services.aggregation import flush_heartbeats
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    buffer = get_buffer()
+    ids = fleet["node_ids"]
+    victims = set(ids[:: max(len(ids) // count, 1)][:count])
+    Node.objects.update(state=NodeState.READY)
+    last_beat: dict[int, float] = {}
+    seq = 10**8
+    start = time.time()
+    deadline = start + settings.NODE_GRACE + 30
+    next_lifecycle = start
+    while time.time() < deadline:
+        seq += 1
+        now = time.time()
+        # victims go quiet one after another over the first 10 s
+        quiet = {v for i, v in enumerate(sorted(victims)) if now - start > 10 * i / len(victims)}
+        live = [n for n in ids if n not in quiet]
+        records = [
+            {
+                "n": n,
+                "c": 0,
+                "b": "detect",
+                "q": seq,
+                "t": now,
+                "s": "",
+                "cpu": 0.5,
+                "mem": 1,
+                "pw": 1.0,
+                "av": "bench",
+                "g": [],
+                "r": [],
+            }
+            for n in live
+        ]
+        for i in range(0, len(records), 2000):
+            buffer.put(records[i : i + 2000])
+        for n in live:
+            if n in victims:
+                last_beat[n] = now
+        flush_heartbeats()
+        if now >= next_lifecycle:
+            run_node_lifecycle()
+            next_lifecycle += 5.0
+        time.sleep(max(0.0, 2.0 - (time.time() - now)))
+    detected = dict(
+        NodeEvent.objects.filter(node_id__in=victims, to_state=NodeState.NOT_READY).values_list(
+            "node_id", "at"
+        )
+    )
+    delays = [detected[n].timestamp() - last_beat[n] for n in victims if n in detected and n in last_beat]
+    return {
+        "detection_nodes": len(victims),
+        "detection_detected": len(delays),
+        "detection_s_p50": round(statistics.median(delays), 1) if delays else None,
+        "detection_s_p99": round(percentile(delays, 0.99), 1) if delays else None,
+        "node_grace_s": settings.NODE_GRACE,
+    }
+
+
+if __name__ == "__main__":
+    main()

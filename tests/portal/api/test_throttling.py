@@ -1,0 +1,73 @@
+"""Per-user rate limits: the "submit" and "read" scopes answer 429 with Retry-After."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.throttling import SimpleRateThrottle
+
+from scheduling.models import Job
+from tests.portal.api.conftest import error_paths, job_spec
+
+pytestmark = pytest.mark.usefixtures("fleet", "queue")
+
+JOBS = "/api/v1/jobs"
+
+
+@pytest.fixture
+def rates(monkeypatch):
+    """DRF copies the rates at import; set them on the class for the length of a test."""
+
+    def set_rates(**scopes: str) -> None:
+        monkeypatch.setattr(
+            SimpleRateThrottle,
+            "THROTTLE_RATES",
+            {"submit": "1000/min", "read": "1000/min", "anon": "1000/min"} | scopes,
+        )
+
+    return set_rates
+
+
+def test_submissions_over_the_rate_are_a_429_with_retry_after(api, alice, rates):
+    rates(submit="3/min")
+    client = api(alice)
+    codes = [client.post(JOBS, job_spec(metadata__name=f"j{i}"), format="json").status_code for i in range(3)]
+    assert codes == [201, 201, 201]
+    refused = client.post(JOBS, job_spec(metadata__name="j3"), format="json")
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert error_paths(refused) == []
+    assert "throttled" in refused.json()["detail"].lower()
+    assert Job.objects.count() == 3
+
+
+def test_the_submit_scope_covers_batches_actions_and_tokens(api, alice, alice_job, rates):
+    rates(submit="2/min")
+    client = api(alice)
+    assert client.post(f"{JOBS}/{alice_job.pk}/hold").status_code == 200
+    assert client.post(f"{JOBS}/batch", {"jobs": [job_spec()]}, format="json").status_code == 201
+    assert client.post(f"{JOBS}/{alice_job.pk}/release").status_code == 429
+    assert client.post("/api/v1/tokens", {}, format="json").status_code == 429
+
+
+def test_reads_have_their_own_budget(api, alice, rates):
+    rates(submit="1/min", read="2/min")
+    client = api(alice)
+    assert client.post(JOBS, job_spec(), format="json").status_code == 201
+    assert client.post(JOBS, job_spec(), format="json").status_code == 429
+    assert [client.get(JOBS).status_code for _ in range(2)] == [200, 200]
+    refused = client.get("/api/v1/clusters")
+    assert refused.status_code == 429 and refused.has_header("Retry-After")
+
+
+def test_limits_are_per_user(api, alice, bob, nlp_queue, rates):
+    rates(read="1/min")
+    assert api(alice).get(JOBS).status_code == 200
+    assert api(alice).get(JOBS).status_code == 429  # a second token of alice's: same user
+    assert api(bob).get(JOBS).status_code == 200
+
+
+def test_anonymous_requests_are_refused_before_they_are_counted(api, alice, rates):
+    rates(read="1/min", anon="1/min")
+    anonymous = api()
+    assert [anonymous.get(JOBS).status_code for _ in range(3)] == [401, 401, 401]
+    assert api(alice).get(JOBS).status_code == 200
