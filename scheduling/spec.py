@@ -18,6 +18,7 @@ Units, chosen to match what Slurm and Kubernetes users type:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ MAX_GPUS_PER_NODE = 64
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_ARRAY_SIZE = 10_000
 MAX_RETRIES = 100
+MAX_CPUS = 1_000_000
+MAX_MEMORY_BYTES = 2**50
 PRIORITY_NAMES = {"low": -100, "normal": 0, "high": 100}
 PRIORITY_RANGE = (-1000, 1000)
 FAILOVER_POLICIES = ("requeue", "hold", "fail")
@@ -121,13 +124,14 @@ class _Collector:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            self.add(path, f"must be a mapping, not {_kind(value)}")
+            self.add(path or "(body)", f"must be a mapping, not {_kind(value)}")
             return {}
         for key in value:
             if not isinstance(key, str):
-                self.add(path, f"keys must be strings, not {_kind(key)}")
+                self.add(path or "(body)", f"keys must be strings, not {_kind(key)}")
             elif allowed is not None and key not in allowed:
-                self.add(f"{path}.{key}", f"unknown field; expected one of {', '.join(sorted(allowed))}")
+                where = f"{path}.{key}" if path else (key or '""')
+                self.add(where, f"unknown field; expected one of {', '.join(sorted(allowed))}")
         return {k: v for k, v in value.items() if isinstance(k, str)}
 
     def string(self, value: Any, path: str, *, required: bool = False, max_length: int = 10_000) -> str:
@@ -165,7 +169,7 @@ class _Collector:
     def string_map(self, value: Any, path: str, key_pattern: re.Pattern[str], what: str) -> dict[str, str]:
         out = {}
         for key, item in self.mapping(value, path).items():
-            if not key_pattern.match(key):
+            if not key_pattern.fullmatch(key):
                 self.add(f"{path}.{key}", f"is not a valid {what} name")
             elif isinstance(item, bool) or not isinstance(item, str | int | float):
                 self.add(f"{path}.{key}", f"must be a string, not {_kind(item)}")
@@ -192,11 +196,14 @@ def parse_memory(value: Any) -> int:
         value = str(value)
     if not isinstance(value, str):
         raise ValueError(f"must be a size such as 256Gi, not {_kind(value)}")
-    match = _MEMORY.match(value)
+    match = _MEMORY.fullmatch(value) if len(value) <= 40 else None
     if not match:
         raise ValueError(f"'{value[:40]}' is not a size; use a number with K, M, G, T (binary), e.g. 256Gi")
     number, unit = float(match.group(1)), match.group(2).upper()
-    return int(number * _UNITS[unit])
+    size = number * _UNITS[unit]
+    if not math.isfinite(size) or size > MAX_MEMORY_BYTES:
+        raise ValueError(f"'{value[:40]}' is more memory than any node has (the limit is 1 PiB)")
+    return int(size)
 
 
 def parse_cpus(value: Any) -> int:
@@ -211,8 +218,10 @@ def parse_cpus(value: Any) -> int:
             value = float(text)
         except ValueError:
             raise ValueError(f"'{text[:40]}' is not a number of CPUs (e.g. 32, 0.5 or 500m)") from None
-    if not isinstance(value, int | float) or value != value:  # NaN
-        raise ValueError(f"must be a number of CPUs, not {_kind(value)}")
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"must be a finite number of CPUs, not {value!r:.40}")
+    if not 0 <= value <= MAX_CPUS:
+        raise ValueError(f"must be between 0 and {MAX_CPUS}")
     return round(value * 1000)
 
 
@@ -225,10 +234,10 @@ def parse_duration(value: Any) -> int:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a duration such as 2h, 1-00:00:00 or PT2H, not {_kind(value)}")
     text = value.strip()
-    if _DURATION.match(text):
+    if _DURATION.fullmatch(text):
         seconds = {"d": 86400, "h": 3600, "m": 60, "s": 1}
         return sum(int(n) * seconds[u.lower()] for n, u in _DURATION_PARTS.findall(text))
-    match = _SLURM_TIME.match(text)
+    match = _SLURM_TIME.fullmatch(text)
     if match:
         days, a, b, c = match.groups()
         if days is not None:  # D-HH[:MM[:SS]]
@@ -238,7 +247,7 @@ def parse_duration(value: Any) -> int:
         if b is not None:  # MM:SS
             return int(a) * 60 + int(b)
         return int(a) * 60  # MM
-    match = _ISO_DURATION.match(text)
+    match = _ISO_DURATION.fullmatch(text)
     if match and text.upper() not in {"P", "PT"}:
         d, h, m, s = (int(g or 0) for g in match.groups())
         return d * 86400 + h * 3600 + m * 60 + s
@@ -284,7 +293,7 @@ def _gpu_request(model: str, count: int) -> GpuRequest:
         raise ValueError(f"count cannot be negative, got {count}")
     if count > MAX_GPUS_PER_NODE:
         raise ValueError(f"count {count} is more than {MAX_GPUS_PER_NODE} GPUs per node")
-    if not model or len(model) > 120:
+    if not model or len(model) > 120 or not model.isprintable():
         raise ValueError("model must be a GPU model name such as h100")
     return GpuRequest(model.strip().lower() if count else None, count)
 
@@ -295,7 +304,7 @@ def parse_array(value: Any) -> list[int]:
         raise ValueError("must be like '0-99', '0-99:2' or '1,3,5'")
     indices: set[int] = set()
     for part in str(value).replace(" ", "").split(","):
-        if not _ARRAY.match(part):
+        if not _ARRAY.fullmatch(part):
             raise ValueError(f"'{part[:40]}' is not an index range; use e.g. 0-99, 0-99:2 or 1,3,5")
         bounds, _, step = part.partition(":")
         first, _, last = bounds.partition("-")
@@ -325,9 +334,9 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     """Validate and normalise one job document; raise ``SpecError`` listing every problem."""
     c = _Collector()
     p = f"{path}." if path else ""
-    top = c.mapping(document, path or "(body)", TOP_FIELDS)
     if not isinstance(document, dict):
-        raise SpecError(c.errors)
+        raise SpecError([(path or "(body)", f"must be a job spec (a mapping), not {_kind(document)}")])
+    top = c.mapping(document, path, TOP_FIELDS)
     if top.get("apiVersion") != API_VERSION:
         c.add(f"{p}apiVersion", f"must be {API_VERSION}")
     if top.get("kind", "Job") != "Job":
@@ -338,13 +347,13 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         c.add(f"{p}spec", "is required")
 
     name = c.string(meta.get("name"), f"{p}metadata.name", required=True, max_length=128)
-    if name and not _NAME.match(name):
+    if name and not _NAME.fullmatch(name):
         c.add(f"{p}metadata.name", "use letters, digits, '.', '_' and '-', starting with a letter or digit")
     project = c.string(meta.get("project"), f"{p}metadata.project", max_length=63) or None
     labels = c.string_map(meta.get("labels"), f"{p}metadata.labels", _LABEL_KEY, "label")
 
     queue = c.string(spec.get("queue"), f"{p}spec.queue", max_length=63) or "default"
-    if not _SLUG.match(queue):
+    if not _SLUG.fullmatch(queue):
         c.add(f"{p}spec.queue", "is not a queue name")
     values: dict[str, Any] = {}
 
@@ -388,7 +397,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         c.add(f"{p}spec.placement.clusters", f"must be a list of cluster names, not {_kind(clusters_raw)}")
     else:
         for i, item in enumerate(clusters_raw):
-            if isinstance(item, str) and _SLUG.match(item):
+            if isinstance(item, str) and _SLUG.fullmatch(item):
                 clusters.append(item)
             else:
                 c.add(f"{p}spec.placement.clusters[{i}]", "is not a cluster name")
@@ -413,6 +422,8 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
             c.add(f"{p}spec.sim.duration", str(exc))
     sim_exit = c.integer(sim.get("exitCode"), f"{p}spec.sim.exitCode", default=0, low=0, high=255)
 
+    if name and values["array"] and len(name) + len(f"-{values['array'][-1]}") > 128:
+        c.add(f"{p}metadata.name", "is too long for an array: NAME-INDEX must fit in 128 characters")
     if c.errors:
         raise SpecError(c.errors)
     return JobSpec(

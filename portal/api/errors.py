@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -55,6 +55,10 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         return response
     elif isinstance(exc, InvalidTransition | TransitionConflict):
         return _body(409, str(exc))
+    elif isinstance(exc, RequestDataTooBig):
+        return _body(
+            413, "The request body is too large (the limit is 8 MiB); split a batch into smaller ones."
+        )
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found.")
     elif isinstance(exc, PermissionDenied):
@@ -69,6 +73,9 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
     elif isinstance(exc, exceptions.ValidationError):
         errors = _flatten(exc.detail, "")
         detail = "Invalid request."
+    elif isinstance(exc, exceptions.ParseError):
+        errors = [("(body)", str(exc.detail))]
+        detail = str(exc.detail)
     else:
         errors = []
         detail = str(exc.detail) if hasattr(exc, "detail") else str(exc)

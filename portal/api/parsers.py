@@ -20,7 +20,11 @@ class YamlParser(BaseParser):
         try:
             text = stream.read().decode((parser_context or {}).get("encoding") or "utf-8")
             documents = [d for d in yaml.safe_load_all(text) if d is not None]
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        except LookupError:
+            raise ParseError("Unknown charset; send YAML in UTF-8.") from None
+        except (yaml.YAMLError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+            # ValueError/OverflowError: scalars YAML accepts but Python cannot build
+            # (2026-02-30, integers of thousands of digits).
             raise ParseError(f"Malformed YAML: {str(exc)[:300]}") from None
         except RecursionError:
             raise ParseError("Malformed YAML: nested too deeply.") from None

@@ -22,11 +22,11 @@ class JobSerializer(serializers.ModelSerializer):
     reason = serializers.SerializerMethodField()
     reasonMessage = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
-    timeLimitSeconds = serializers.IntegerField(source="time_limit_s")
+    timeLimitSeconds = serializers.IntegerField(source="time_limit_s", allow_null=True)
     submittedAt = serializers.DateTimeField(source="submitted_at")
-    startedAt = serializers.DateTimeField(source="started_at")
-    finishedAt = serializers.DateTimeField(source="finished_at")
-    exitCode = serializers.IntegerField(source="exit_code")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     attempts = serializers.IntegerField(source="attempt_count")
     placement = serializers.SerializerMethodField()
 
@@ -189,7 +189,7 @@ class NodeSerializer(serializers.ModelSerializer):
     gpus = serializers.SerializerMethodField()
     cpuMillicores = serializers.IntegerField(source="cpu_millicores_allocatable")
     memoryBytes = serializers.IntegerField(source="memory_bytes_allocatable")
-    lastHeartbeatAt = serializers.DateTimeField(source="last_heartbeat_at")
+    lastHeartbeatAt = serializers.DateTimeField(source="last_heartbeat_at", allow_null=True)
     agentVersion = serializers.CharField(source="agent_version")
     powerState = serializers.CharField(source="power_state")
 
@@ -220,9 +220,9 @@ class NodeSerializer(serializers.ModelSerializer):
 
 class TokenSerializer(serializers.ModelSerializer):
     createdAt = serializers.DateTimeField(source="created_at")
-    lastUsedAt = serializers.DateTimeField(source="last_used_at")
-    expiresAt = serializers.DateTimeField(source="expires_at")
-    revokedAt = serializers.DateTimeField(source="revoked_at")
+    lastUsedAt = serializers.DateTimeField(source="last_used_at", allow_null=True)
+    expiresAt = serializers.DateTimeField(source="expires_at", allow_null=True)
+    revokedAt = serializers.DateTimeField(source="revoked_at", allow_null=True)
 
     class Meta:
         model = ApiToken

@@ -10,16 +10,22 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import status
-from rest_framework.exceptions import ParseError, PermissionDenied
+from rest_framework.exceptions import NotFound, ParseError, PermissionDenied
 from rest_framework.generics import GenericAPIView, ListAPIView, RetrieveAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusters.choices import GpuHealth
+from clusters.choices import GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node
 from clusters.selectors import resolve_gpu_model
 from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
@@ -46,6 +52,7 @@ from scheduling.services.submission import build_requests
 from scheduling.spec import SpecError, parse_job_spec
 
 MAX_BATCH = 1000
+MAX_BATCH_JOBS = 10_000
 ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 404, 409, 422, 429)}
 
 
@@ -54,10 +61,22 @@ class IdCursor(CursorPagination):
     page_size = 100
     page_size_query_param = "limit"
     max_page_size = 1000
+    position_type: type = int
+
+    def decode_cursor(self, request: Request) -> Any:
+        """DRF trusts the position inside a cursor; a forged one must be a 404, not a 500."""
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            try:
+                self.position_type(cursor.position)
+            except (TypeError, ValueError):
+                raise NotFound(self.invalid_cursor_message) from None
+        return cursor
 
 
 class NameCursor(IdCursor):
     ordering = "name"
+    position_type = str
 
 
 def with_placement(jobs: QuerySet[Job]) -> QuerySet[Job]:
@@ -149,9 +168,13 @@ class JobBatchView(APIView):
                 requests += build_requests(spec, queue, path=f"jobs[{i}]")
             except SpecError as exc:
                 errors += exc.errors
+            if len(requests) > MAX_BATCH_JOBS:
+                raise InputError([("jobs", f"a batch makes at most {MAX_BATCH_JOBS} jobs (arrays included)")])
         if errors:
             raise SpecError(errors)
-        jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
+        jobs, created = submit_jobs(
+            requests, actor=request.user, idempotency_key=_idempotency_key(request), batch=True
+        )
         rows = JobSerializer(
             with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model"))
             .filter(pk__in=[j.pk for j in jobs])
@@ -161,6 +184,9 @@ class JobBatchView(APIView):
         return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
 
 
+@extend_schema_view(
+    get=extend_schema(responses={200: JobDetailSerializer, 404: OpenApiResponse(ERROR_SCHEMA)})
+)
 class JobDetailView(RetrieveAPIView):
     serializer_class = JobDetailSerializer
     throttle_classes = [ReadThrottle]
@@ -171,6 +197,9 @@ class JobDetailView(RetrieveAPIView):
         )
 
 
+@extend_schema_view(
+    get=extend_schema(responses={200: JobEventSerializer(many=True), 404: OpenApiResponse(ERROR_SCHEMA)})
+)
 class JobEventsView(ListAPIView):
     serializer_class = JobEventSerializer
     throttle_classes = [ReadThrottle]
@@ -193,7 +222,7 @@ class JobLogsView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         job = access_job(request.user, pk)
         raw = request.query_params.get("tail", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10_000:
             raise InputError([("query.tail", "must be an integer between 1 and 10000")])
         return Response({"jobId": job.pk, "lines": [], "truncated": False})
 
@@ -295,6 +324,7 @@ class ClusterListView(ListAPIView):
         return super().get_serializer_context() | {"capacity": fleet_capacity()}
 
 
+@extend_schema_view(get=extend_schema(responses={200: ClusterSerializer, 404: OpenApiResponse(ERROR_SCHEMA)}))
 class ClusterDetailView(RetrieveAPIView):
     serializer_class = ClusterSerializer
     throttle_classes = [ReadThrottle]
@@ -332,7 +362,17 @@ class NodeListView(ListAPIView):
         if cluster := params.get("cluster"):
             nodes = nodes.filter(cluster__name=cluster)
         if state := params.get("state"):
-            nodes = nodes.filter(state__in=state.lower().split(","))
+            states = state.lower().split(",")
+            if unknown := [s for s in states if s not in NodeState.values]:
+                raise InputError(
+                    [
+                        (
+                            "query.state",
+                            f"unknown node state '{unknown[0][:40]}'; use {', '.join(NodeState.values)}",
+                        )
+                    ]
+                )
+            nodes = nodes.filter(state__in=states)
         if name := params.get("gpuModel"):
             model = resolve_gpu_model(name)
             if model is None:
@@ -371,7 +411,7 @@ class TokenListView(APIView):
 
     throttle_classes = [SubmitThrottle]
 
-    @extend_schema(responses={200: TokenSerializer(many=True)})
+    @extend_schema(responses={200: inline_serializer("TokenList", {"results": TokenSerializer(many=True)})})
     def get(self, request: Request) -> Response:
         tokens = ApiToken.objects.filter(user=request.user).order_by("-created_at")
         return Response({"results": TokenSerializer(tokens, many=True).data})

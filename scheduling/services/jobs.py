@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from clusters.live import publish_on_commit
 from clusters.models import GpuModel
@@ -79,13 +80,19 @@ def submit_job(
 
 
 def submit_jobs(
-    requests: Sequence[JobRequest], *, actor: AbstractBaseUser, idempotency_key: str | None = None
+    requests: Sequence[JobRequest],
+    *,
+    actor: AbstractBaseUser,
+    idempotency_key: str | None = None,
+    batch: bool = False,
 ) -> tuple[list[Job], bool]:
     """Create PENDING jobs, all or none, in one transaction; returns ``(jobs, created)``.
 
     With an ``idempotency_key``, a retry of the same request returns the jobs made the first time
     (``created`` False) and creates nothing; the same key with a different request raises
-    ``IdempotencyConflict``. A batch stores ``KEY#0``, ``KEY#1``… on its jobs. The unique
+    ``IdempotencyConflict``. A batch (``batch=True``, whatever its size) stores ``KEY#0``,
+    ``KEY#1``… on its jobs, and a key is never reused across shapes: a single submission's
+    ``KEY`` and a batch's ``KEY#i`` conflict with each other. The unique
     constraint on ``(owner, idempotency_key)`` settles races between concurrent retries.
     Raises ``TooManyPending`` when a cap on waiting jobs would be passed.
     """
@@ -93,13 +100,9 @@ def submit_jobs(
         raise ValueError("nothing to submit")
     keys: list[str | None] = [None] * len(requests)
     if idempotency_key:
-        keys = (
-            [idempotency_key]
-            if len(requests) == 1
-            else [f"{idempotency_key}#{i}" for i in range(len(requests))]
-        )
+        keys = [f"{idempotency_key}#{i}" for i in range(len(requests))] if batch else [idempotency_key]
     digests = [r.digest() for r in requests]
-    if idempotency_key and (existing := _earlier_submission(actor, keys, digests)):
+    if idempotency_key and (existing := _earlier_submission(actor, idempotency_key, keys, digests)):
         return existing, False
     try:
         with transaction.atomic():
@@ -126,7 +129,7 @@ def submit_jobs(
         if not idempotency_key:
             raise
         # A concurrent retry with the same key committed first: answer with its jobs.
-        existing = _earlier_submission(actor, keys, digests)
+        existing = _earlier_submission(actor, idempotency_key, keys, digests)
         if not existing:
             raise
         return existing, False
@@ -159,13 +162,22 @@ def _new_job(request: JobRequest, *, actor: AbstractBaseUser, key: str | None, d
     )
 
 
-def _earlier_submission(actor: AbstractBaseUser, keys: list[str | None], digests: list[str]) -> list[Job]:
-    """The jobs an earlier submission with these keys made, in order; [] if there was none."""
-    found = {j.idempotency_key: j for j in Job.objects.filter(owner=actor, idempotency_key__in=keys)}
+def _earlier_submission(
+    actor: AbstractBaseUser, key: str, keys: list[str | None], digests: list[str]
+) -> list[Job]:
+    """The jobs an earlier submission with this key made, in order; [] if there was none.
+    Any job under ``KEY`` or ``KEY#…`` that does not line up with this request is a conflict."""
+    earlier = Job.objects.filter(owner=actor).filter(
+        Q(idempotency_key=key) | Q(idempotency_key__startswith=f"{key}#")
+    )
+    found = {j.idempotency_key: j for j in earlier}
     if not found:
         return []
-    jobs = [found.get(key) for key in keys]
-    if any(job is None or job.request_digest != d for job, d in zip(jobs, digests, strict=True)):
+    jobs = [found.get(k) for k in keys]
+    mismatch = len(found) != len(keys) or any(
+        job is None or job.request_digest != d for job, d in zip(jobs, digests, strict=True)
+    )
+    if mismatch:
         raise IdempotencyConflict(next(iter(found.values())))
     return jobs  # type: ignore[return-value]
 

@@ -21,14 +21,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_simulated_nodes_register_report_and_die(live_server, mode, settings):
     ensure_catalog()  # a transactional test before this one flushed the seeded catalog
     settings.NODE_RECOVERY = 0
-    sim = FleetSimulator(live_server.url, clusters=2, nodes=10, mode=mode, interval=0.1, gpus_per_node=2,
-                         prefix=f"t{mode[0]}")
+    sim = FleetSimulator(
+        live_server.url, clusters=2, nodes=10, mode=mode, interval=0.1, gpus_per_node=2, prefix=f"t{mode[0]}"
+    )
     sim.setup()
     assert Node.objects.filter(cluster__name__in=sim.clusters).count() == 10
     for _ in range(3):
         assert sim.tick() == 10
     flush_heartbeats()
-    assert set(NodeLastSeen.objects.filter(node__cluster__name__in=sim.clusters).values_list("seq", flat=True)) == {3}
+    assert set(
+        NodeLastSeen.objects.filter(node__cluster__name__in=sim.clusters).values_list("seq", flat=True)
+    ) == {3}
 
     run_node_lifecycle()  # on-time heartbeats (NODE_RECOVERY 0): all ready
     assert set(Node.objects.values_list("state", flat=True)) == {NodeState.READY}

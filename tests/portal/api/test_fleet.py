@@ -99,11 +99,17 @@ def test_cluster_detail(api, alice, fleet):
     assert (empty["nodes"], empty["gpus"]) == ({"total": 0, "ready": 0}, [])
 
 
-@pytest.mark.parametrize("name", ["nope", "SIM-A", "sim-a%20", "%00"])
+@pytest.mark.parametrize("name", ["nope", "SIM-A", "sim-a%20"])
 def test_unknown_cluster_is_a_404(api, alice, fleet, name):
     response = api(alice).get(f"{API}/clusters/{name}")
     assert response.status_code == 404, response.content[:200]
     assert response.json() == {"detail": "Not found.", "errors": []}
+
+
+def test_a_nul_in_the_path_is_refused_up_front(api, alice, fleet):
+    response = api(alice).get(f"{API}/clusters/%00")
+    assert response.status_code == 400
+    assert response.json()["errors"] == [{"path": "path", "message": "must not contain NUL characters"}]
 
 
 def node_names(response):
