@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 import orjson
@@ -39,42 +38,47 @@ MAX_NODES_PER_REPORT = 5000
 _NAME_MAP_TTL_S = 30.0
 
 
-def _json(status: int, body: dict[str, Any]) -> HttpResponse:
-    return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+Answer = tuple[int, dict[str, Any]]
 
 
-def _error(status: int, detail: str, path: str | None = None, message: str | None = None) -> HttpResponse:
+def _error(status: int, detail: str, path: str | None = None, message: str | None = None) -> Answer:
     errors = [{"path": path, "message": message}] if path else []
-    return _json(status, {"detail": detail, "errors": errors})
+    return status, {"detail": detail, "errors": errors}
 
 
-def _bearer(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
+def bearer_of(header: str) -> str:
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
-def agent_endpoint(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """POST only, no CSRF (bearer credentials, no cookies), JSON body, uniform errors."""
+def handle(endpoint: str, raw: bytes, bearer: str) -> Answer:
+    """Run one agent endpoint on a raw body; used by the Django views and by the WSGI fast
+    path (``clusters.api.fastpath``), so both answer exactly alike."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"Malformed JSON: {exc}")
+    try:
+        return ENDPOINTS[endpoint](body, bearer)
+    except CredentialRefused as exc:
+        REPORTS.labels("refused").inc()
+        return _error(401, f"Credential refused: {exc}.")
+    except ReportError as exc:
+        REPORTS.labels("malformed").inc()
+        return _error(400, "Malformed report.", exc.path, exc.message)
+
+
+def django_view(endpoint: str) -> Callable[[HttpRequest], HttpResponse]:
+    """The endpoint as a Django view: POST only, no CSRF (bearer credentials, no cookies)."""
 
     @csrf_exempt
     @require_POST
-    @wraps(view)
-    def wrapper(request: HttpRequest) -> HttpResponse:
-        try:
-            body = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            return _error(400, f"Malformed JSON: {exc}")
-        try:
-            return view(request, body, _bearer(request))
-        except CredentialRefused as exc:
-            REPORTS.labels("refused").inc()
-            return _error(401, f"Credential refused: {exc}.")
-        except ReportError as exc:
-            REPORTS.labels("malformed").inc()
-            return _error(400, "Malformed report.", exc.path, exc.message)
+    def view(request: HttpRequest) -> HttpResponse:
+        status, body = handle(endpoint, request.body, bearer_of(request.headers.get("Authorization", "")))
+        return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
 
-    return wrapper
+    view.__name__ = endpoint
+    return view
 
 
 def _text(value: Any, path: str, max_length: int = 120) -> str:
@@ -137,12 +141,11 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
     )
 
 
-@agent_endpoint
-def register(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+def register(body: Any, bearer: str) -> Answer:
     """``POST agent/register`` with a join token: the node's per-node credential (shown once)."""
     description = parse_node_description(body)
     node, credential = register_node(bearer, description)
-    return _json(
+    return (
         201,
         {
             "node": node.name,
@@ -154,8 +157,7 @@ def register(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
     )
 
 
-@agent_endpoint
-def inventory(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+def inventory(body: Any, bearer: str) -> Answer:
     """``POST agent/nodes`` with a cluster credential: a collector declares its cluster's nodes."""
     identity = authenticate_cluster(bearer)
     if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
@@ -168,11 +170,10 @@ def inventory(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
     for description in descriptions:
         upsert_node(cluster, description)
     _node_ids.forget(identity.cluster_id)
-    return _json(200, {"cluster": cluster.name, "nodes": len(descriptions)})
+    return 200, {"cluster": cluster.name, "nodes": len(descriptions)}
 
 
-@agent_endpoint
-def heartbeat(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+def heartbeat(body: Any, bearer: str) -> Answer:
     """``POST agent/heartbeat`` with a node credential: one node's report. The reply says what
     the node should run and stop, and how often to report."""
     identity = authenticate_node(bearer)
@@ -187,7 +188,7 @@ def heartbeat(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
     REPORTS.labels("accepted").inc(accepted)
     if stale:
         REPORTS.labels("stale").inc(stale)
-    return _json(
+    return (
         200,
         {
             "accepted": bool(accepted),
@@ -198,8 +199,7 @@ def heartbeat(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
     )
 
 
-@agent_endpoint
-def report(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
+def report(body: Any, bearer: str) -> Answer:
     """``POST agent/report`` with a cluster credential: the latest state of many nodes at once."""
     identity = authenticate_cluster(bearer)
     if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
@@ -231,7 +231,7 @@ def report(request: HttpRequest, body: Any, bearer: str) -> HttpResponse:
         REPORTS.labels("stale").inc(stale)
     if unknown:
         REPORTS.labels("unknown").inc(len(unknown))
-    return _json(
+    return (
         200,
         {
             "accepted": accepted,
@@ -264,3 +264,11 @@ class _NodeIdsByName:
 
 
 _node_ids = _NodeIdsByName()
+
+
+ENDPOINTS: dict[str, Callable[[Any, str], Answer]] = {
+    "register": register,
+    "nodes": inventory,
+    "heartbeat": heartbeat,
+    "report": report,
+}

@@ -1,11 +1,6 @@
 from django.urls import path
 
-from clusters.api import agent
+from clusters.api.agent import ENDPOINTS, django_view
 
 app_name = "agent"
-urlpatterns = [
-    path("register", agent.register, name="register"),
-    path("nodes", agent.inventory, name="nodes"),
-    path("heartbeat", agent.heartbeat, name="heartbeat"),
-    path("report", agent.report, name="report"),
-]
+urlpatterns = [path(name, django_view(name), name=name) for name in ENDPOINTS]

@@ -7,7 +7,8 @@ the same suite on both):
   a report costs one Redis round trip (a Lua script that also refuses stale reports);
 * ``MemoryBuffer`` in the embedded default — one process serves and aggregates.
 
-Per node the buffer keeps the latest record, its ``(boot_id, seq)``, and a *dirty* mark.
+Per node the buffer keeps the latest record, its slim summary (``records.summarise``: what the
+aggregator reads every pass), its ``(boot_id, seq)``, and a *dirty* mark.
 ``put`` refuses a report whose ``seq`` is not above the last accepted one of the same boot
 (a replay or a late duplicate) and counts it. ``take_dirty`` hands the aggregator the latest
 record of every node reported since the last take, atomically with clearing the marks;
@@ -23,6 +24,8 @@ from typing import Any, Protocol
 import orjson
 from django.conf import settings
 
+from clusters.ingest.records import summarise
+
 Record = dict[str, Any]
 MAX_SEQ = 2**53  # Lua numbers are doubles: keep seq exact
 
@@ -32,7 +35,7 @@ class HeartbeatBuffer(Protocol):
         """Store records; returns ``(accepted, stale)``."""
 
     def take_dirty(self) -> list[Record]:
-        """The latest record of each node reported since the last take; clears their marks."""
+        """The latest summary of each node reported since the last take; clears their marks."""
 
     def restore(self, node_ids: Iterable[int]) -> None:
         """Mark nodes dirty again (their latest record will be handed out by the next take)."""
@@ -53,6 +56,7 @@ class MemoryBuffer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[int, Record] = {}
+        self._slim: dict[int, Record] = {}
         self._seq: dict[int, tuple[str, int]] = {}
         self._dirty: set[int] = set()
         self._counts = {"accepted": 0, "stale": 0}
@@ -68,6 +72,7 @@ class MemoryBuffer:
                     continue
                 self._seq[node] = (boot, seq)
                 self._latest[node] = record
+                self._slim[node] = summarise(record)
                 self._dirty.add(node)
                 accepted += 1
             self._counts["accepted"] += accepted
@@ -77,7 +82,7 @@ class MemoryBuffer:
     def take_dirty(self) -> list[Record]:
         with self._lock:
             taken, self._dirty = self._dirty, set()
-            return [self._latest[n] for n in taken if n in self._latest]
+            return [self._slim[n] for n in taken if n in self._slim]
 
     def restore(self, node_ids: Iterable[int]) -> None:
         with self._lock:
@@ -96,6 +101,7 @@ class MemoryBuffer:
     def clear(self) -> None:
         with self._lock:
             self._latest.clear()
+            self._slim.clear()
             self._seq.clear()
             self._dirty.clear()
             self._counts = {"accepted": 0, "stale": 0}
@@ -103,7 +109,7 @@ class MemoryBuffer:
 
 _PUT = """
 local accepted, stale = 0, 0
-for i = 1, #ARGV, 4 do
+for i = 1, #ARGV, 5 do
   local id, boot, seq, body = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local last = redis.call('HGET', KEYS[1], id)
   local fresh = true
@@ -116,6 +122,7 @@ for i = 1, #ARGV, 4 do
   if fresh then
     redis.call('HSET', KEYS[1], id, boot .. '|' .. ARGV[i + 2])
     redis.call('HSET', KEYS[2], id, body)
+    redis.call('HSET', KEYS[5], id, ARGV[i + 4])
     redis.call('SADD', KEYS[3], id)
     accepted = accepted + 1
   else
@@ -137,28 +144,34 @@ class RedisBuffer:
         import redis
 
         self._redis = redis.Redis.from_url(url)
-        self._keys = [f"{prefix}{k}" for k in ("seq", "latest", "dirty", "counters")]
+        self._keys = [f"{prefix}{k}" for k in ("seq", "latest", "dirty", "counters", "slim")]
         self._taking = f"{prefix}taking"
         self._put = self._redis.register_script(_PUT)
 
     def put(self, records: list[Record]) -> tuple[int, int]:
         args: list[Any] = []
         for record in records:
-            args += [record["n"], record["b"], record["q"], orjson.dumps(record)]
+            args += [
+                record["n"],
+                record["b"],
+                record["q"],
+                orjson.dumps(record),
+                orjson.dumps(summarise(record)),
+            ]
         accepted, stale = self._put(keys=self._keys, args=args)
         return int(accepted), int(stale)
 
     def take_dirty(self) -> list[Record]:
         import redis
 
-        _, latest, dirty, _ = self._keys
+        dirty, slim = self._keys[2], self._keys[4]
         # RENAME is atomic: reports arriving from now on mark the fresh set, not the one we read.
         try:
             self._redis.rename(dirty, self._taking)
         except redis.ResponseError:  # no such key: nothing reported since the last take
             return []
         ids = [int(i) for i in self._redis.smembers(self._taking)]
-        records = self._hmget(latest, ids)
+        records = self._hmget(slim, ids)
         self._redis.delete(self._taking)
         return list(records.values())
 

@@ -16,6 +16,7 @@ liveness is judged by.
 
 from __future__ import annotations
 
+from hashlib import blake2b
 from typing import Any
 
 MAX_GPUS = 64
@@ -118,3 +119,33 @@ def node_name(report: Any, path: str) -> str:
     if not isinstance(report, dict):
         raise ReportError(path or "(body)", "must be an object")
     return _text(report.get("node"), f"{path}.node" if path else "node", 120, optional=False)
+
+
+def summarise(record: dict[str, Any]) -> dict[str, Any]:
+    """The slim form the aggregator reads every pass: liveness, a fingerprint of the slow facts,
+    and the GPU sums the roll-ups need — a fraction of the full record's size.
+
+    ``fp`` is 32 hex characters: 16 for the node's facts (boot, agent version) then 16 for its
+    GPUs' (index, health, XID), so the aggregator can tell which rows need writing."""
+    gpus = record["g"]
+    bad = [[g[0], g[9]] for g in gpus if g[8] != "healthy"]
+    node_facts = f"{record['b']}|{record['av']}".encode()
+    gpu_facts = ";".join(f"{i},{x}" for i, x in bad).encode() if bad else b""
+    utils = [g[5] for g in gpus if g[5] is not None]
+    return {
+        "n": record["n"],
+        "c": record["c"],
+        "b": record["b"],
+        "q": record["q"],
+        "t": record["t"],
+        "av": record["av"],
+        "fp": _hash(node_facts) + _hash(gpu_facts + b"#" + str(len(gpus)).encode()),
+        "k": len(utils),
+        "u": sum(utils),
+        "p": sum(g[6] for g in gpus if g[6] is not None),
+        "bad": bad,
+    }
+
+
+def _hash(data: bytes) -> str:
+    return blake2b(data, digest_size=8).hexdigest()

@@ -3,11 +3,14 @@
 Each pass takes the latest record of every node reported since the last pass and, in one
 transaction,
 
-1. upserts the slim ``NodeLastSeen`` rows (one statement), keeping ``good_since`` — the start of
-   the node's current run of on-time heartbeats — and a fingerprint of its slow-changing facts;
-2. writes Node and GpuDevice rows only for nodes whose fingerprint changed (a reboot, a new
-   agent version, a GPU turning unhealthy): one statement per table;
+1. upserts the slim ``NodeLastSeen`` rows and learns whose fingerprint changed — one statement
+   on PostgreSQL — keeping ``good_since``, the start of the node's current run of on-time
+   heartbeats;
+2. writes Node rows only for nodes whose boot or agent changed, and GpuDevice rows only for
+   nodes whose GPU health changed;
 3. adds the reports to the 1-minute and 1-hour roll-ups per cluster and GPU model.
+
+It reads the buffer's slim summaries (``records.summarise``), not the full reports.
 
 If the pass fails, the nodes are marked dirty again: the next pass writes their latest record,
 so nothing is lost. On PostgreSQL each step is one set-based statement over arrays
@@ -19,7 +22,6 @@ and GPU onto their rows for the console and the API.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -29,7 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
@@ -39,7 +40,7 @@ from django.utils.module_loading import import_string
 from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
-from clusters.models import GpuDevice, MetricPoint
+from clusters.models import GpuDevice, MetricPoint, Node, NodeLastSeen
 
 log = logging.getLogger(__name__)
 _CATALOG_TTL_S = 30.0
@@ -53,11 +54,14 @@ class FlushResult:
     seconds: float
 
 
-def fingerprint(record: Record) -> str:
-    """A hash of what rarely changes about a node: boot, agent version, each GPU's identity and
-    health. Telemetry is left out on purpose — it changes with every report."""
-    facts = [record["b"], record["av"], [[g[0], g[2], g[3], g[8], g[9]] for g in record["g"]]]
-    return hashlib.blake2b(orjson.dumps(facts), digest_size=8).hexdigest()
+def _pg_array(values: Iterable[Any]) -> str:
+    """A PostgreSQL array literal, passed as one text parameter and cast in SQL: far cheaper
+    than adapting tens of thousands of values one by one on the client."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _pg_text_array(values: Iterable[str]) -> str:
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 def _when(epoch: float) -> datetime:
@@ -85,116 +89,135 @@ def flush_heartbeats(buffer: HeartbeatBuffer | None = None) -> FlushResult:
     return FlushResult(len(records), len(changed), points, elapsed)
 
 
-def _write_last_seen(records: list[Record]) -> list[Record]:
-    """Upsert liveness rows; returns the records whose fingerprint changed."""
-    grace = timedelta(seconds=settings.NODE_GRACE)
-    ids = [r["n"] for r in records]
+def _write_last_seen(records: list[Record]) -> list[tuple[Record, bool, bool]]:
+    """Upsert liveness rows; returns ``(record, node facts changed, GPU facts changed)`` for the
+    nodes whose fingerprint changed. A record older than the stored one is skipped (two API
+    hosts, one slow); a record for a deleted node is dropped."""
+    if connection.vendor == "postgresql":
+        changed = _write_last_seen_postgres(records)
+    else:
+        changed = _write_last_seen_portable(records)
+    by_id = {r["n"]: r for r in records}
+    return [(by_id[n], node_changed, gpus_changed) for n, node_changed, gpus_changed in changed]
+
+
+def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bool]]:
+    # One statement: the old rows are read from the statement's snapshot, so the comparison
+    # with the new fingerprint needs no second round trip.
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT l.node_id, l.seen_at, l.good_since, l.fingerprint FROM clusters_nodelastseen l "
-                "WHERE l.node_id = ANY(%s)",
-                [ids],
-            )
-        else:
-            cursor.execute(
-                "SELECT node_id, seen_at, good_since, fingerprint FROM clusters_nodelastseen "
-                f"WHERE node_id IN ({','.join(['%s'] * len(ids))})",
-                ids,
-            )
-        old = {row[0]: row[1:] for row in cursor.fetchall()}
-    rows, changed = [], []
-    for r in records:
-        seen = _when(r["t"])
-        previous = old.get(r["n"])
-        if previous is not None and _aware(previous[0]) >= seen:
-            continue  # an older report than what is stored (two API hosts, one slow)
-        good_since = seen if previous is None or seen - _aware(previous[0]) > grace else _aware(previous[1])
-        fp = fingerprint(r)
-        if previous is None or previous[2] != fp:
-            changed.append(r)
-        rows.append((r["n"], seen, good_since, r["b"], r["q"], fp))
-    if not rows:
-        return changed
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                """
-                INSERT INTO clusters_nodelastseen (node_id, seen_at, good_since, boot_id, seq, fingerprint)
-                SELECT u.* FROM unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::text[],
-                                       %s::bigint[], %s::text[]) AS u(node_id, seen_at, good_since, boot_id, seq, fp)
-                JOIN clusters_node n ON n.id = u.node_id
+        cursor.execute(
+            """
+            WITH v AS (
+                SELECT * FROM unnest(%s::bigint[], %s::float8[], %s::text[], %s::bigint[], %s::text[])
+                    AS v(node_id, t, boot_id, seq, fp)
+            ), old AS (
+                SELECT l.node_id, l.seen_at, l.good_since, l.fingerprint
+                FROM clusters_nodelastseen l WHERE l.node_id = ANY(%s::bigint[])
+            ), up AS (
+                INSERT INTO clusters_nodelastseen AS l (node_id, seen_at, good_since, boot_id, seq, fingerprint)
+                SELECT v.node_id, to_timestamp(v.t),
+                       CASE WHEN o.seen_at IS NULL OR to_timestamp(v.t) - o.seen_at > make_interval(secs => %s)
+                            THEN to_timestamp(v.t) ELSE o.good_since END,
+                       v.boot_id, v.seq, v.fp
+                FROM v JOIN clusters_node n ON n.id = v.node_id LEFT JOIN old o ON o.node_id = v.node_id
+                WHERE o.seen_at IS NULL OR o.seen_at < to_timestamp(v.t)
                 ON CONFLICT (node_id) DO UPDATE SET seen_at = EXCLUDED.seen_at, good_since = EXCLUDED.good_since,
                     boot_id = EXCLUDED.boot_id, seq = EXCLUDED.seq, fingerprint = EXCLUDED.fingerprint
-                """,
-                [list(col) for col in zip(*rows, strict=True)],
+                RETURNING l.node_id
             )
-        else:
-            cursor.executemany(
-                """
-                INSERT INTO clusters_nodelastseen (node_id, seen_at, good_since, boot_id, seq, fingerprint)
-                SELECT %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM clusters_node WHERE id = %s)
-                ON CONFLICT (node_id) DO UPDATE SET seen_at = excluded.seen_at, good_since = excluded.good_since,
-                    boot_id = excluded.boot_id, seq = excluded.seq, fingerprint = excluded.fingerprint
-                """,
-                [(*row, row[0]) for row in rows],
+            SELECT up.node_id,
+                   left(coalesce(o.fingerprint, ''), 16) IS DISTINCT FROM left(v.fp, 16),
+                   substr(coalesce(o.fingerprint, ''), 17) IS DISTINCT FROM substr(v.fp, 17)
+            FROM up JOIN v ON v.node_id = up.node_id LEFT JOIN old o ON o.node_id = up.node_id
+            WHERE o.fingerprint IS DISTINCT FROM v.fp
+            """,
+            [
+                _pg_array(r["n"] for r in records),
+                _pg_array(repr(r["t"]) for r in records),
+                _pg_text_array(r["b"] for r in records),
+                _pg_array(r["q"] for r in records),
+                _pg_text_array(r["fp"] for r in records),
+                _pg_array(r["n"] for r in records),
+                float(settings.NODE_GRACE),
+            ],
+        )
+        return cursor.fetchall()
+
+
+def _write_last_seen_portable(records: list[Record]) -> list[tuple[int, bool, bool]]:
+    grace = timedelta(seconds=settings.NODE_GRACE)
+    ids = [r["n"] for r in records]
+    existing = set(Node.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    old = {row.node_id: row for row in NodeLastSeen.objects.filter(node_id__in=ids)}
+    rows, changed = [], []
+    for r in records:
+        if r["n"] not in existing:
+            continue
+        seen, previous = _when(r["t"]), old.get(r["n"])
+        if previous is not None and previous.seen_at >= seen:
+            continue
+        fresh_run = previous is None or seen - previous.seen_at > grace
+        rows.append(
+            NodeLastSeen(
+                node_id=r["n"],
+                seen_at=seen,
+                good_since=seen if fresh_run else previous.good_since,
+                boot_id=r["b"],
+                seq=r["q"],
+                fingerprint=r["fp"],
             )
+        )
+        before = previous.fingerprint if previous else ""
+        if before != r["fp"]:
+            changed.append((r["n"], before[:16] != r["fp"][:16], before[16:] != r["fp"][16:]))
+    NodeLastSeen.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["node"],
+        update_fields=["seen_at", "good_since", "boot_id", "seq", "fingerprint"],
+    )
     return changed
 
 
-def _aware(value: datetime | str) -> datetime:
-    if isinstance(value, str):  # SQLite hands back text
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _write_changed(records: list[Record]) -> None:
-    """Node boot/agent facts and GPU health, for the nodes whose facts changed."""
-    if not records:
-        return
-    nodes = [(r["n"], r["b"], r["av"]) for r in records]
-    gpus = [
-        (r["n"], g[0], g[8], g[9], "" if g[8] == GpuHealth.HEALTHY else _health_reason(g))
-        for r in records
-        for g in r["g"]
-    ]
+def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
+    """Node boot/agent facts, and GPU health, for the nodes whose facts changed."""
+    nodes = [(r["n"], r["b"], r["av"]) for r, node_changed, _ in changed if node_changed]
+    gpu_nodes = [r["n"] for r, _, gpus_changed in changed if gpus_changed]
+    unhealthy = [(r["n"], i, xid) for r, _, gpus_changed in changed if gpus_changed for i, xid in r["bad"]]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        for node_id, boot, agent in nodes if connection.vendor != "postgresql" else ():
+            cursor.execute(
+                "UPDATE clusters_node SET boot_id = %s, agent_version = %s WHERE id = %s",
+                [boot, agent, node_id],
+            )
+        if nodes and connection.vendor == "postgresql":
             cursor.execute(
                 """
                 UPDATE clusters_node n SET boot_id = v.boot_id, agent_version = v.agent_version
                 FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, boot_id, agent_version)
-                WHERE n.id = v.id AND (n.boot_id, n.agent_version) IS DISTINCT FROM (v.boot_id, v.agent_version)
+                WHERE n.id = v.id
                 """,
-                [list(col) for col in zip(*nodes, strict=True)],
+                [
+                    _pg_array(n for n, _, _ in nodes),
+                    _pg_text_array(b for _, b, _ in nodes),
+                    _pg_text_array(a for _, _, a in nodes),
+                ],
             )
-            if gpus:
-                cursor.execute(
-                    """
-                    UPDATE clusters_gpudevice d SET health = v.health, last_xid = COALESCE(v.xid, d.last_xid),
-                        health_reason = v.reason
-                    FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::int[], %s::text[])
-                        AS v(node_id, idx, health, xid, reason)
-                    WHERE d.node_id = v.node_id AND d.index = v.idx
-                      AND (d.health, d.health_reason, d.last_xid) IS DISTINCT FROM
-                          (v.health, v.reason, COALESCE(v.xid, d.last_xid))
-                    """,
-                    [list(col) for col in zip(*gpus, strict=True)],
-                )
-        else:
-            cursor.executemany(
-                "UPDATE clusters_node SET boot_id = %s, agent_version = %s WHERE id = %s",
-                [(b, av, n) for n, b, av in nodes],
+        if gpu_nodes:
+            # Everything reported healthy first, then the GPUs reported unhealthy: two small
+            # statements, and only for nodes whose GPU facts changed.
+            cursor.execute(
+                f"UPDATE clusters_gpudevice SET health = %s, health_reason = '' WHERE health <> %s "
+                f"AND node_id IN ({','.join(['%s'] * len(gpu_nodes))})",
+                [GpuHealth.HEALTHY, GpuHealth.HEALTHY, *gpu_nodes],
             )
-            cursor.executemany(
-                "UPDATE clusters_gpudevice SET health = %s, last_xid = COALESCE(%s, last_xid), health_reason = %s "
+        for node_id, index, xid in unhealthy:
+            reason = f"reported unhealthy (XID {xid})" if xid is not None else "reported unhealthy"
+            cursor.execute(
+                "UPDATE clusters_gpudevice SET health = %s, health_reason = %s, last_xid = COALESCE(%s, last_xid) "
                 'WHERE node_id = %s AND "index" = %s',
-                [(h, x, reason, n, i) for n, i, h, x, reason in gpus],
+                [GpuHealth.UNHEALTHY, reason, xid, node_id, index],
             )
-
-
-def _health_reason(gpu: list[Any]) -> str:
-    return f"reported unhealthy (XID {gpu[9]})" if gpu[9] is not None else "reported unhealthy"
 
 
 class _Catalog:
@@ -205,15 +228,18 @@ class _Catalog:
     def __init__(self) -> None:
         self._at = 0.0
         self._lock = threading.Lock()
-        self.models: dict[tuple[int, int], tuple[int, int]] = {}
+        self.models: dict[int, tuple[int, int]] = {}
         self.totals: dict[tuple[int, int], int] = {}
         self.allocated: dict[tuple[int, int], int] = {}
 
     def refresh(self, force: bool = False) -> _Catalog:
         if force or time.monotonic() - self._at > _CATALOG_TTL_S:
             with self._lock:
-                rows = GpuDevice.objects.values_list("node_id", "index", "node__cluster_id", "model_id")
-                self.models = {(n, i): (c, m) for n, i, c, m in rows}
+                # A node's roll-ups go to the model of its first GPU: nodes mix models rarely.
+                rows = GpuDevice.objects.order_by("node_id", "-index").values_list(
+                    "node_id", "node__cluster_id", "model_id"
+                )
+                self.models = {n: (c, m) for n, c, m in rows}
                 self.totals = {
                     (row["node__cluster_id"], row["model_id"]): row["n"]
                     for row in GpuDevice.objects.values("node__cluster_id", "model_id").annotate(
@@ -237,15 +263,14 @@ def _add_rollups(records: list[Record]) -> int:
     sums: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     missing = False
     for r in records:
-        for g in r["g"]:
-            key = catalog.models.get((r["n"], g[0]))
-            if key is None:
-                missing = True
-                continue
-            entry = sums[key]
-            entry[0] += 1
-            entry[1] += g[5] or 0.0
-            entry[2] += g[6] or 0.0
+        key = catalog.models.get(r["n"])
+        if key is None:
+            missing = missing or bool(r["k"])
+            continue
+        entry = sums[key]
+        entry[0] += r["k"]
+        entry[1] += r["u"]
+        entry[2] += r["p"]
     if missing:
         catalog.refresh(force=True)
     if not sums:

@@ -23,15 +23,22 @@ def buffer(request):
 
 
 def rec(node: int, seq: int, boot: str = "b1", **extra) -> dict:
-    return {"n": node, "c": 1, "b": boot, "q": seq, "t": 1000.0 + seq, "g": [], **extra}
+    return {"n": node, "c": 1, "b": boot, "q": seq, "t": 1000.0 + seq, "av": "1", "g": [], **extra}
 
 
 def test_latest_report_wins_and_is_taken_once(buffer):
     assert buffer.put([rec(1, 1), rec(2, 1)]) == (2, 0)
-    assert buffer.put([rec(1, 2, cpu=0.5)]) == (1, 0)
+    gpus = [
+        [0, "", "h100", 0, 0, 40.0, 300.0, 50.0, "healthy", None],
+        [1, "", "h100", 0, 0, 60.0, 100.0, 50.0, "unhealthy", 79],
+    ]
+    assert buffer.put([rec(1, 2, cpu=0.5, g=gpus)]) == (1, 0)
     taken = sorted(buffer.take_dirty(), key=lambda r: r["n"])
     assert [(r["n"], r["q"]) for r in taken] == [(1, 2), (2, 1)]
-    assert taken[0]["cpu"] == 0.5
+    # the aggregator gets the slim summary; the full record stays readable with latest()
+    assert (taken[0]["k"], taken[0]["u"], taken[0]["p"], taken[0]["bad"]) == (2, 100.0, 400.0, [[1, 79]])
+    assert len(taken[0]["fp"]) == 32 and taken[0]["fp"] != taken[1]["fp"]
+    assert buffer.latest([1])[1]["cpu"] == 0.5
     assert buffer.take_dirty() == []
 
 
