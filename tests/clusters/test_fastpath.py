@@ -30,19 +30,16 @@ def call(app, path: str, body: bytes, bearer: str = "", method: str = "POST", le
         "wsgi.input": io.BytesIO(body),
         "HTTP_AUTHORIZATION": f"Bearer {bearer}",
     }
-    payload = b"".join(app(environ, start_response))
-    return int(seen["status"].split()[0]), orjson.loads(payload) if payload else None
-
-
-@pytest.fixture(autouse=True)
-def keep_the_test_transaction():
-    """As Django's test client does: the request signals must not close the connection that
-    holds the test's transaction."""
+    # As Django's test client does: the request signals must not close the connection that
+    # holds the test's transaction.
     for signal in (request_started, request_finished):
         signal.disconnect(close_old_connections)
-    yield
-    for signal in (request_started, request_finished):
-        signal.connect(close_old_connections)
+    try:
+        payload = b"".join(app(environ, start_response))
+    finally:
+        for signal in (request_started, request_finished):
+            signal.connect(close_old_connections)
+    return int(seen["status"].split()[0]), orjson.loads(payload) if payload else None
 
 
 @pytest.fixture
