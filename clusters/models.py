@@ -311,8 +311,9 @@ class NodeLastSeen(models.Model):
     seq = models.BigIntegerField(default=0)
     fingerprint = models.CharField(max_length=32, blank=True)
 
-    class Meta:
-        indexes = [models.Index(fields=["seen_at"], name="lastseen_seen_idx")]
+    # No index but the primary key, on purpose: every pass rewrites every row, and with no
+    # indexed column changing (and free space kept in each page, see the migration) PostgreSQL
+    # can update in place (HOT). The lifecycle pass reads the whole table anyway.
 
     def __str__(self) -> str:
         return f"{self.node_id} seen {self.seen_at:%H:%M:%S}"

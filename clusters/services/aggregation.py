@@ -102,46 +102,48 @@ def _write_last_seen(records: list[Record]) -> list[tuple[Record, bool, bool]]:
 
 
 def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bool]]:
-    # One statement: the old rows are read from the statement's snapshot, so the comparison
-    # with the new fingerprint needs no second round trip.
+    # UPDATE … FROM the arrays, joined once more to the table as ``old``: RETURNING can then
+    # compare the old fingerprint with the new one in the same statement. Rows are rewritten in
+    # place (HOT: no indexed column changes). Nodes without a row yet — new ones — get an
+    # INSERT, which is rare.
+    params = [
+        _pg_array(r["n"] for r in records),
+        _pg_array(repr(r["t"]) for r in records),
+        _pg_text_array(r["b"] for r in records),
+        _pg_array(r["q"] for r in records),
+        _pg_text_array(r["fp"] for r in records),
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            WITH v AS (
-                SELECT * FROM unnest(%s::bigint[], %s::float8[], %s::text[], %s::bigint[], %s::text[])
-                    AS v(node_id, t, boot_id, seq, fp)
-            ), old AS (
-                SELECT l.node_id, l.seen_at, l.good_since, l.fingerprint
-                FROM clusters_nodelastseen l WHERE l.node_id = ANY(%s::bigint[])
-            ), up AS (
-                INSERT INTO clusters_nodelastseen AS l (node_id, seen_at, good_since, boot_id, seq, fingerprint)
-                SELECT v.node_id, to_timestamp(v.t),
-                       CASE WHEN o.seen_at IS NULL OR to_timestamp(v.t) - o.seen_at > make_interval(secs => %s)
-                            THEN to_timestamp(v.t) ELSE o.good_since END,
-                       v.boot_id, v.seq, v.fp
-                FROM v JOIN clusters_node n ON n.id = v.node_id LEFT JOIN old o ON o.node_id = v.node_id
-                WHERE o.seen_at IS NULL OR o.seen_at < to_timestamp(v.t)
-                ON CONFLICT (node_id) DO UPDATE SET seen_at = EXCLUDED.seen_at, good_since = EXCLUDED.good_since,
-                    boot_id = EXCLUDED.boot_id, seq = EXCLUDED.seq, fingerprint = EXCLUDED.fingerprint
-                RETURNING l.node_id
-            )
-            SELECT up.node_id,
-                   left(coalesce(o.fingerprint, ''), 16) IS DISTINCT FROM left(v.fp, 16),
-                   substr(coalesce(o.fingerprint, ''), 17) IS DISTINCT FROM substr(v.fp, 17)
-            FROM up JOIN v ON v.node_id = up.node_id LEFT JOIN old o ON o.node_id = up.node_id
-            WHERE o.fingerprint IS DISTINCT FROM v.fp
+            UPDATE clusters_nodelastseen l SET
+                seen_at = to_timestamp(v.t),
+                good_since = CASE WHEN to_timestamp(v.t) - old.seen_at > make_interval(secs => %s)
+                                  THEN to_timestamp(v.t) ELSE old.good_since END,
+                boot_id = v.boot_id, seq = v.seq, fingerprint = v.fp
+            FROM unnest(%s::bigint[], %s::float8[], %s::text[], %s::bigint[], %s::text[]) AS v(node_id, t, boot_id, seq, fp)
+            JOIN clusters_nodelastseen old ON old.node_id = v.node_id
+            WHERE l.node_id = v.node_id AND old.seen_at < to_timestamp(v.t)
+            RETURNING l.node_id, left(old.fingerprint, 16) <> left(v.fp, 16), substr(old.fingerprint, 17) <> substr(v.fp, 17)
             """,
-            [
-                _pg_array(r["n"] for r in records),
-                _pg_array(repr(r["t"]) for r in records),
-                _pg_text_array(r["b"] for r in records),
-                _pg_array(r["q"] for r in records),
-                _pg_text_array(r["fp"] for r in records),
-                _pg_array(r["n"] for r in records),
-                float(settings.NODE_GRACE),
-            ],
+            [float(settings.NODE_GRACE), *params],
         )
-        return cursor.fetchall()
+        rows = cursor.fetchall()
+        changed = [row for row in rows if row[1] or row[2]]
+        if len(rows) < len(records):
+            cursor.execute(
+                """
+                INSERT INTO clusters_nodelastseen (node_id, seen_at, good_since, boot_id, seq, fingerprint)
+                SELECT v.node_id, to_timestamp(v.t), to_timestamp(v.t), v.boot_id, v.seq, v.fp
+                FROM unnest(%s::bigint[], %s::float8[], %s::text[], %s::bigint[], %s::text[]) AS v(node_id, t, boot_id, seq, fp)
+                JOIN clusters_node n ON n.id = v.node_id
+                ON CONFLICT (node_id) DO NOTHING
+                RETURNING node_id
+                """,
+                params,
+            )
+            changed += [(node_id, True, True) for (node_id,) in cursor.fetchall()]
+        return changed
 
 
 def _write_last_seen_portable(records: list[Record]) -> list[tuple[int, bool, bool]]:
