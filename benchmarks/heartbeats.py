@@ -32,6 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -71,7 +73,7 @@ def batched_client(
     while time.monotonic() < end:
         seq += 1
         for cluster, credential, nodes in jobs:
-            body = json.dumps(
+            body = orjson.dumps(
                 {
                     "cluster": cluster,
                     "nodes": [
@@ -86,7 +88,7 @@ def batched_client(
                         for _, name in nodes
                     ],
                 }
-            ).encode()
+            )
             try:
                 conn.request(
                     "POST",
@@ -95,7 +97,7 @@ def batched_client(
                     {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
                 )
                 response = conn.getresponse()
-                answer = json.loads(response.read())
+                answer = orjson.loads(response.read())
             except (OSError, http.client.HTTPException):
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -125,7 +127,7 @@ def per_node_client(
         for node_id, name, credential in nodes:
             if time.monotonic() >= end:
                 break
-            body = json.dumps(
+            body = orjson.dumps(
                 {
                     "node": name,
                     "boot_id": boot,
@@ -134,7 +136,7 @@ def per_node_client(
                     "memory": 2**34,
                     "gpus": gpu_report(gpus, seq),
                 }
-            ).encode()
+            )
             started = time.perf_counter()
             try:
                 conn.request(
@@ -144,7 +146,7 @@ def per_node_client(
                     {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
                 )
                 response = conn.getresponse()
-                answer = json.loads(response.read())
+                answer = orjson.loads(response.read())
             except (OSError, http.client.HTTPException):
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)

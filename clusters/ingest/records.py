@@ -60,6 +60,68 @@ def _text(value: Any, path: str, max_length: int, *, optional: bool = True) -> s
     return value
 
 
+_NUM = (int, float)
+
+
+def _fast_gpu(gpu: Any) -> list[Any] | None:
+    """The common case, checked inline (this runs for every GPU of every report): a row, or
+    None when anything is off — then ``_checked_gpu`` finds the field and says what is wrong.
+    ``type(x) in _NUM`` leaves out booleans; NaN fails every range check."""
+    if type(gpu) is not dict:
+        return None
+    get = gpu.get
+    index, uuid, model = get("index"), get("uuid"), get("model")
+    total, used, util = get("memory_total_mb"), get("memory_used_mb"), get("util")
+    power, temp, health, xid = get("power_w"), get("temp_c"), get("health") or "healthy", get("xid")
+    if not (
+        type(index) is int
+        and 0 <= index < MAX_GPUS
+        and (uuid is None or (type(uuid) is str and len(uuid) <= 64 and "\x00" not in uuid))
+        and (model is None or (type(model) is str and len(model) <= 120 and "\x00" not in model))
+        and (total is None or (type(total) is int and 0 <= total <= 10**7))
+        and (used is None or (type(used) is int and 0 <= used <= 10**7))
+        and (util is None or (type(util) in _NUM and 0 <= util <= 100))
+        and (power is None or (type(power) in _NUM and 0 <= power <= 10_000))
+        and (temp is None or (type(temp) in _NUM and -50 <= temp <= 200))
+        and health in _HEALTH
+        and (xid is None or (type(xid) is int and 0 <= xid <= 10**6))
+    ):
+        return None
+    return [
+        index,
+        uuid or "",
+        model or "",
+        total,
+        used,
+        None if util is None else float(util),
+        None if power is None else float(power),
+        None if temp is None else float(temp),
+        health,
+        xid,
+    ]
+
+
+def _checked_gpu(gpu: Any, g: str) -> list[Any]:
+    """The slow, precise check: raises ``ReportError`` naming the first bad field."""
+    if not isinstance(gpu, dict):
+        raise ReportError(g, "must be an object")
+    health = gpu.get("health") or "healthy"
+    if health not in _HEALTH:
+        raise ReportError(f"{g}.health", "must be healthy or unhealthy")
+    return [
+        _integer(gpu.get("index"), f"{g}.index", 0, MAX_GPUS - 1, optional=False),
+        _text(gpu.get("uuid"), f"{g}.uuid", 64),
+        _text(gpu.get("model"), f"{g}.model", 120),
+        _integer(gpu.get("memory_total_mb"), f"{g}.memory_total_mb", 0, 10**7),
+        _integer(gpu.get("memory_used_mb"), f"{g}.memory_used_mb", 0, 10**7),
+        _number(gpu.get("util"), f"{g}.util", 0, 100),
+        _number(gpu.get("power_w"), f"{g}.power_w", 0, 10_000),
+        _number(gpu.get("temp_c"), f"{g}.temp_c", -50, 200),
+        health,
+        _integer(gpu.get("xid"), f"{g}.xid", 0, 10**6),
+    ]
+
+
 def parse_report(
     report: Any, path: str, *, node_id: int, cluster_id: int, received_at: float
 ) -> dict[str, Any]:
@@ -72,26 +134,8 @@ def parse_report(
         raise ReportError(f"{p}gpus", f"must be a list of at most {MAX_GPUS} GPUs")
     gpus = []
     for i, gpu in enumerate(gpus_raw):
-        g = f"{p}gpus[{i}]"
-        if not isinstance(gpu, dict):
-            raise ReportError(g, "must be an object")
-        health = gpu.get("health") or "healthy"
-        if health not in _HEALTH:
-            raise ReportError(f"{g}.health", "must be healthy or unhealthy")
-        gpus.append(
-            [
-                _integer(gpu.get("index"), f"{g}.index", 0, MAX_GPUS - 1, optional=False),
-                _text(gpu.get("uuid"), f"{g}.uuid", 64),
-                _text(gpu.get("model"), f"{g}.model", 120),
-                _integer(gpu.get("memory_total_mb"), f"{g}.memory_total_mb", 0, 10**7),
-                _integer(gpu.get("memory_used_mb"), f"{g}.memory_used_mb", 0, 10**7),
-                _number(gpu.get("util"), f"{g}.util", 0, 100),
-                _number(gpu.get("power_w"), f"{g}.power_w", 0, 10_000),
-                _number(gpu.get("temp_c"), f"{g}.temp_c", -50, 200),
-                health,
-                _integer(gpu.get("xid"), f"{g}.xid", 0, 10**6),
-            ]
-        )
+        row = _fast_gpu(gpu)
+        gpus.append(row if row is not None else _checked_gpu(gpu, f"{p}gpus[{i}]"))
     running = report.get("running") or []
     if (
         not isinstance(running, list)
