@@ -477,7 +477,7 @@ def detection(fleet: dict, count: int, gpus: int) -> dict:
         seq += 1
         now = time.time()
         # victims go quiet one after another over the first 10 s
-        quiet = {v for i, v in enumerate(sorted(victims)) if now - start > 10 * i / len(victims)}
+        quiet = {v for i, v in enumerate(sorted(victims)) if now - start > 10 * (i + 1) / len(victims)}
         live = [n for n in ids if n not in quiet]
         records = [
             {

@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from clusters.models import Cluster, GpuModel, Node
+from clusters.models import Cluster, GpuModel, Node, NodeEvent
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES
 from scheduling.models import Job, JobEvent
@@ -216,6 +216,21 @@ class NodeSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object"})
     def get_gpus(self, node: Node) -> dict[str, int]:
         return {"total": node.gpu_capacity, "healthy": node.gpus_healthy, "allocated": node.gpus_allocated}
+
+
+class NodeEventSerializer(serializers.ModelSerializer):
+    fromState = serializers.CharField(source="from_state")
+    toState = serializers.CharField(source="to_state")
+    actor = serializers.SerializerMethodField()
+
+    class Meta:
+        model = NodeEvent
+        fields = ["id", "at", "fromState", "toState", "reason", "actor"]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_actor(self, event: NodeEvent) -> str | None:
+        return event.actor.username if event.actor else None
 
 
 class TokenSerializer(serializers.ModelSerializer):

@@ -18,6 +18,7 @@ urlpatterns = [
     path("clusters", views.ClusterListView.as_view(), name="clusters"),
     path("clusters/<str:name>", views.ClusterDetailView.as_view(), name="cluster"),
     path("nodes", views.NodeListView.as_view(), name="nodes"),
+    path("nodes/<int:pk>/events", views.NodeEventsView.as_view(), name="node-events"),
     path("gpu-models", views.GpuModelListView.as_view(), name="gpu-models"),
     path("me", views.MeView.as_view(), name="me"),
     path("tokens", views.TokenListView.as_view(), name="tokens"),

@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters.choices import GpuHealth, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, Node
+from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from clusters.selectors import resolve_gpu_model
 from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
 from portal.api.errors import InputError
@@ -38,6 +38,7 @@ from portal.api.serializers import (
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
+    NodeEventSerializer,
     NodeSerializer,
     TokenRequestSerializer,
     TokenSerializer,
@@ -379,6 +380,18 @@ class NodeListView(ListAPIView):
                 raise InputError([("query.gpuModel", f"unknown GPU model '{name[:40]}'")])
             nodes = nodes.filter(gpus__model=model).distinct()
         return nodes
+
+
+class NodeEventsView(ListAPIView):
+    """A node's state history, newest first: lifecycle moves and operators' actions."""
+
+    serializer_class = NodeEventSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = IdCursor
+
+    def get_queryset(self) -> QuerySet[NodeEvent]:
+        node = get_object_or_404(Node, pk=self.kwargs["pk"])
+        return NodeEvent.objects.filter(node=node).select_related("actor")
 
 
 class GpuModelListView(ListAPIView):

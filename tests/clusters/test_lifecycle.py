@@ -125,3 +125,15 @@ def test_a_node_that_never_reported_goes_not_ready_after_grace(cluster, settings
     node = make_node(cluster, gpus=1, name="quiet")
     Node.objects.filter(pk=node.pk).update(state_changed_at=T0 - timedelta(seconds=settings.NODE_GRACE + 1))
     assert run_node_lifecycle(T0).not_ready == [node.pk]
+
+
+def test_node_events_are_in_the_api(nodes, client, alice):
+    from rest_framework.test import APIClient
+
+    seen(nodes[0], T0 - timedelta(minutes=2))
+    run_node_lifecycle(T0)
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = api.get(f"/api/v1/nodes/{nodes[0].pk}/events").json()
+    assert [(e["fromState"], e["toState"]) for e in body["results"]] == [("ready", "not_ready")]
+    assert api.get("/api/v1/nodes/999999/events").status_code == 404
