@@ -157,6 +157,7 @@ _PERIODIC = {
     "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
 }
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {
     name: {"task": task, "schedule": every, "options": {"expires": every}}
     for name, (task, every) in _PERIODIC.items()
