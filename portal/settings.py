@@ -156,6 +156,8 @@ _PERIODIC = {
     "sync-telemetry": ("clusters.tasks.sync_telemetry_task", 60.0),
     "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
+    "scheduling-cycle": ("scheduling.tasks.scheduling_cycle_task", 1.0),
+    "simulated-clusters": ("scheduling.tasks.simulated_clusters_task", 1.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {
@@ -264,3 +266,25 @@ ORRERY_GPU_ALLOCATION = "scheduling.selectors.allocated_gpu_counts"
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
 # Called (after commit) with the ids of nodes that just went down: the job failover policy.
 ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "")
+
+# The scheduler (scheduling/policies.py documents the profile).
+ORRERY_SCHEDULER_PROFILE = {
+    "plugins": [
+        "priority",
+        "fair_share",
+        "quota",
+        "gang",
+        "node_state",
+        "gpu_model",
+        "cluster_affinity",
+        "selectors",
+        "resources_fit",
+        "binpack",
+    ],
+    "weights": {"binpack": 1.0},
+    "args": {},
+}
+ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
+ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
+# Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
+ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))

@@ -24,6 +24,27 @@ class JobsSubmitted:
     count: int
 
 
+@dataclass(frozen=True)
+class JobsScheduled:
+    """Jobs of a project placed by one cycle: the first hundred ids and how many in all."""
+
+    project_id: int
+    job_ids: list[int]
+    count: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class JobsChanged:
+    """Many jobs of a project moved from one state to another at once."""
+
+    project_id: int
+    job_ids: list[int]
+    count: int
+    from_state: str
+    to_state: str
+
+
 def job_groups(job_id: int, project_id: int) -> list[str]:
     """The channel-layer groups that hear about a job: its own page and its project's lists."""
     return [f"job.{job_id}", f"project.{project_id}"]

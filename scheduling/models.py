@@ -277,3 +277,52 @@ class JobEvent(models.Model):
         if self.kind == EventKind.TRANSITION:
             return f"{self.from_state} → {self.to_state}"
         return self.get_kind_display()
+
+
+class SchedulerState(models.Model):
+    """One row: the scheduling cycle's epoch, the fencing token every attempt carries. It is
+    bumped inside the cycle's transaction, which holds the scheduling lock, so epochs are
+    strictly increasing and a cycle that never commits leaves no epoch behind."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    epoch = models.BigIntegerField(default=0)
+    last_cycle_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="scheduler_state_singleton")]
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch}"
+
+
+class DispatchOutbox(models.Model):
+    """The transactional outbox: a row per decision to act on a cluster (start or stop an
+    attempt), written in the same transaction as the decision. Dispatchers deliver rows and mark
+    them; a retried delivery finds the remote job by the attempt id instead of creating another."""
+
+    class Kind(models.TextChoices):
+        START = "start", "Start"
+        STOP = "stop", "Stop"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="outbox")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="outbox")
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.START)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    epoch = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    tries = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["cluster", "id"], condition=Q(state="pending"), name="outbox_pending_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.attempt_id} on {self.cluster_id}: {self.state}"

@@ -43,7 +43,7 @@ from scheduling.choices import (
     JobState,
     PendingReason,
 )
-from scheduling.events import JobStateChanged, job_groups
+from scheduling.events import JobsChanged, JobStateChanged, job_groups
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent
 
 S = JobState
@@ -177,3 +177,84 @@ def release_allocations(attempt_id: Any, now: Any) -> list[int]:
     if node_ids:
         settle_draining_nodes(node_ids)
     return node_ids
+
+
+def transition_jobs(
+    job_ids: list[int],
+    to: str,
+    *,
+    only_from: str,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    message: str = "",
+    exit_code: int | None = None,
+) -> list[int]:
+    """The set-based form of ``transition_job`` for many jobs leaving one state at once (the
+    simulated clusters' runner, the failover handler): same table, same compare-and-set, same
+    events and attempt bookkeeping, a few statements in all. Returns the ids that moved; jobs no
+    longer in ``only_from`` are left alone."""
+    to = JobState(to)
+    if only_from not in allowed_sources(to):
+        raise InvalidTransition(0, only_from, to)
+    if not job_ids:
+        return []
+    now = timezone.now()
+    with transaction.atomic():
+        rows = list(
+            Job.objects.select_for_update()
+            .filter(pk__in=job_ids, state=only_from)
+            .values_list("pk", "project_id")
+        )
+        moved = [pk for pk, _ in rows]
+        if not moved:
+            return []
+        changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
+        if to in WAITING_STATES:
+            changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
+            changes["reason_message"] = message
+        else:
+            changes["reason"], changes["reason_message"] = "", ""
+        if to == S.RUNNING:
+            changes["started_at"] = now
+        if to in TERMINAL_STATES:
+            changes["finished_at"] = now
+        if exit_code is not None:
+            changes["exit_code"] = exit_code
+        Job.objects.filter(pk__in=moved, state=only_from).update(**changes)
+
+        attempts = dict(JobAttempt.objects.filter(job_id__in=moved, active=True).values_list("job_id", "pk"))
+        attempt_changes: dict[str, Any] = {"state": ATTEMPT_STATE_FOR[to]}
+        if to == S.RUNNING:
+            attempt_changes["started_at"] = now
+        if to not in ACTIVE_STATES:
+            attempt_changes.update(
+                active=False, finished_at=now, exit_code=exit_code, reason=(message or reason)[:255]
+            )
+        if attempts and (only_from in ACTIVE_STATES or to in ACTIVE_STATES):
+            JobAttempt.objects.filter(pk__in=list(attempts.values())).update(**attempt_changes)
+            if to not in ACTIVE_STATES:
+                held = Allocation.objects.filter(attempt_id__in=list(attempts.values()), active=True)
+                nodes = sorted(set(held.values_list("node_id", flat=True)))
+                held.update(active=False, released_at=now)
+                settle_draining_nodes(nodes)
+        JobEvent.objects.bulk_create(
+            JobEvent(
+                job_id=pk,
+                attempt_id=attempts.get(pk),
+                kind=EventKind.TRANSITION,
+                from_state=only_from,
+                to_state=to,
+                reason=str(changes["reason"] or reason),
+                message=message,
+                actor=actor,
+            )
+            for pk in moved
+        )
+        by_project: dict[int, list[int]] = {}
+        for pk, project_id in rows:
+            by_project.setdefault(project_id, []).append(pk)
+        for project_id, ids in by_project.items():
+            publish_on_commit(
+                [f"project.{project_id}"], JobsChanged(project_id, ids[:100], len(ids), only_from, to)
+            )
+    return moved

@@ -1,0 +1,379 @@
+"""The scheduler's cache: the snapshot and the pending queue, built once from the database and
+then kept current from the event logs, not rebuilt every cycle.
+
+The logs are the append-only ``JobEvent`` and ``NodeEvent`` tables: every change of a job's
+state (and so every allocation made or released) and every change of a node's state appends a
+row. Each sync reads the rows appended since the last one and re-reads just the jobs and nodes
+they name. Reading again is harmless — the cache compares what it counted with what the database
+holds now — so the window re-reads a few recent events to catch rows that committed out of id
+order. A full rebuild every ``ORRERY_SCHEDULER_RESYNC_S`` seconds heals anything else (GPU
+health changes, label edits).
+
+The cycle's own decisions are *assumed* into the snapshot at once; if the cycle's transaction
+rolls back, the cache is dropped and rebuilt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from django.conf import settings
+from django.db.models import Max
+
+from clusters.choices import ClusterState, GpuHealth, NodeState
+from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
+from scheduling.choices import JobState
+from scheduling.framework import JobView
+from scheduling.models import Allocation, Job, JobEvent, Queue, QueueQuota
+from scheduling.queue import PendingQueue
+from scheduling.snapshot import QuotaBook, Snapshot
+
+SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
+REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
+UNCOUNTED = -2  # a held GPU that was not free in the snapshot (unhealthy): nothing to give back
+
+
+@dataclass
+class Held:
+    """What the cache counted for one allocation row of an active job."""
+
+    row: int
+    gpu: int  # GPU index; -1 for the node-level row; UNCOUNTED for a held unhealthy GPU
+    cpu: int
+    memory: int
+
+
+class SchedulerCache:
+    def __init__(self) -> None:
+        self.snap: Snapshot | None = None
+        self.queue = PendingQueue()
+        self.held: dict[int, list[Held]] = {}  # job id → what it holds
+        self.job_queue: dict[int, tuple[int, int]] = {}  # job id → (queue id, model row)
+        self.job_cursor = 0
+        self.node_cursor = 0
+        self.built_at = 0.0
+        self.explained: dict[tuple, tuple] = {}  # class shape → (reason, message), when, jobs
+
+    # --- building ------------------------------------------------------------------------
+    def ensure(self) -> Snapshot:
+        stale = time.monotonic() - self.built_at > settings.ORRERY_SCHEDULER_RESYNC_S
+        if self.snap is None or stale:
+            self.rebuild()
+        else:
+            self.sync()
+        assert self.snap is not None
+        return self.snap
+
+    def invalidate(self) -> None:
+        self.snap = None
+
+    def rebuild(self) -> None:
+        # Cursors first: anything appended while we read is re-read by the next sync.
+        self.job_cursor = JobEvent.objects.aggregate(m=Max("id"))["m"] or 0
+        self.node_cursor = NodeEvent.objects.aggregate(m=Max("id"))["m"] or 0
+        clusters = list(Cluster.objects.order_by("pk").values_list("pk", "name", "state"))
+        cluster_index = {pk: i for i, (pk, _, _) in enumerate(clusters)}
+        usable_clusters = {pk for pk, _, state in clusters if state in SCHEDULABLE_CLUSTERS}
+        models = list(GpuModel.objects.order_by("pk").values_list("pk", "slug"))
+        model_index = {pk: i for i, (pk, _) in enumerate(models)}
+
+        nodes = list(
+            Node.objects.order_by("pk").values_list(
+                "pk",
+                "cluster_id",
+                "state",
+                "cpu_millicores_allocatable",
+                "memory_bytes_allocatable",
+                "labels",
+                "name",
+            )
+        )
+        n = len(nodes)
+        row_of = {pk: i for i, (pk, *_rest) in enumerate(nodes)}
+        model = np.full(n, -1, dtype=np.int32)
+        gpu_total = np.zeros(n, dtype=np.int32)
+        free_bits = np.zeros(n, dtype=np.uint64)
+        gpu_ids: list[dict[int, int]] = [{} for _ in range(n)]
+        groups: list[dict[int, str]] = [{} for _ in range(n)]
+        for device_id, node_id, index, model_id, health, group in GpuDevice.objects.values_list(
+            "pk", "node_id", "index", "model_id", "health", "topology_group"
+        ):
+            row = row_of.get(node_id)
+            if row is None or index >= 64:
+                continue
+            gpu_ids[row][index] = device_id
+            if group:
+                groups[row][index] = group
+            if model[row] < 0 or index == 0:
+                model[row] = model_index[model_id]
+            if health == GpuHealth.HEALTHY:
+                gpu_total[row] += 1
+                free_bits[row] |= np.uint64(1 << index)
+        snap = Snapshot(
+            node_id=np.array([pk for pk, *_ in nodes], dtype=np.int64),
+            cluster=np.array([cluster_index[c] for _, c, *_ in nodes], dtype=np.int32),
+            model=model,
+            ready=np.array(
+                [s == NodeState.READY and c in usable_clusters for _, c, s, *_ in nodes], dtype=bool
+            ),
+            gpu_total=gpu_total,
+            gpu_free=gpu_total.copy(),
+            free_bits=free_bits,
+            cpu_free=np.array([cpu for *_, cpu, _, _, _ in nodes], dtype=np.int64),
+            mem_free=np.array([mem for *_, mem, _, _ in nodes], dtype=np.int64),
+            cluster_ids=[pk for pk, _, _ in clusters],
+            cluster_names=[name for _, name, _ in clusters],
+            model_ids=[pk for pk, _ in models],
+            model_names=[slug for _, slug in models],
+            gpu_ids=gpu_ids,
+            groups=groups,
+            labels=[labels or {} for *_, labels, _ in nodes],
+            names=[name for *_, name in nodes],
+        )
+        snap.quota = self._quota_book(model_index)
+        snap.queue_names = {
+            pk: f"{project}/{name}"
+            for pk, name, project in Queue.objects.values_list("pk", "name", "project__name")
+        }
+        self.snap, self.held, self.job_queue = snap, {}, {}
+        # What active allocations hold.
+        held = defaultdict(list)
+        for job_id, node_id, gpu_id, cpu, memory in Allocation.objects.filter(active=True).values_list(
+            "job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"
+        ):
+            held[job_id].append((node_id, gpu_id, cpu, memory))
+        gpu_index = {dev: (row, idx) for row, ids in enumerate(gpu_ids) for idx, dev in ids.items()}
+        job_info = dict(
+            (pk, (queue_id, model_id))
+            for pk, queue_id, model_id in Job.objects.filter(pk__in=list(held)).values_list(
+                "pk", "queue_id", "gpu_model_id"
+            )
+        )
+        for job_id, rows in held.items():
+            queue_id, model_id = job_info.get(job_id, (0, None))
+            self._count(job_id, rows, row_of, gpu_index, queue_id, model_index.get(model_id, -1))
+        self.queue = PendingQueue()
+        self.queue.load(self._views(Job.objects.filter(state=JobState.PENDING)))
+        self.built_at = time.monotonic()
+
+    def _quota_book(self, model_index: dict[int, int]) -> QuotaBook:
+        book = QuotaBook()
+        for queue_id, cohort in Queue.objects.values_list("pk", "cohort"):
+            if cohort:
+                book.cohort_of[queue_id] = cohort
+                book.members.setdefault(cohort, []).append(queue_id)
+        for queue_id, model_id, gpus, limit in QueueQuota.objects.values_list(
+            "queue_id", "gpu_model_id", "gpus", "borrowing_limit"
+        ):
+            book.limited.add(queue_id)
+            book.nominal[(queue_id, model_index[model_id])] = gpus
+            book.borrowing_limit[(queue_id, model_index[model_id])] = limit
+        return book
+
+    def _count(self, job_id: int, rows, row_of, gpu_index, queue_id: int, model: int) -> None:
+        snap = self.snap
+        assert snap is not None
+        counted = []
+        gpus = 0
+        for node_id, gpu_id, cpu, memory in rows:
+            if gpu_id is not None:
+                row, index = gpu_index.get(gpu_id, (row_of.get(node_id), -1))
+                if row is None or index < 0:
+                    continue
+                if snap.free_bits[row] >> np.uint64(index) & np.uint64(1):
+                    snap.take(row, (index,), 0, 0)
+                    counted.append(Held(row, index, 0, 0))
+                else:  # an unhealthy GPU still held: it was never in the free count
+                    counted.append(Held(row, UNCOUNTED, 0, 0))
+                gpus += 1
+            else:
+                row = row_of.get(node_id)
+                if row is None:
+                    continue
+                snap.take(row, (), cpu, memory)
+                counted.append(Held(row, -1, cpu, memory))
+        self.held[job_id] = counted
+        self.job_queue[job_id] = (queue_id, model)
+        if gpus and model >= 0:
+            snap.quota.add(queue_id, model, gpus)
+
+    def _release(self, job_id: int) -> None:
+        snap = self.snap
+        assert snap is not None
+        counted = self.held.pop(job_id, [])
+        queue_id, model = self.job_queue.pop(job_id, (0, -1))
+        gpus = 0
+        for h in counted:
+            if h.gpu >= 0:
+                snap.give(h.row, (h.gpu,), 0, 0)
+                gpus += 1
+            elif h.gpu == UNCOUNTED:
+                gpus += 1
+            else:
+                snap.give(h.row, (), h.cpu, h.memory)
+        if gpus and model >= 0:
+            snap.quota.add(queue_id, model, -gpus)
+
+    # --- keeping current ----------------------------------------------------------------------
+    def sync(self) -> None:
+        snap = self.snap
+        assert snap is not None
+        events = list(
+            JobEvent.objects.filter(id__gt=max(self.job_cursor - REREAD_WINDOW, 0)).values_list(
+                "id", "job_id"
+            )
+        )
+        if events:
+            self.job_cursor = max(self.job_cursor, max(e for e, _ in events))
+            self.refresh_jobs({job for _, job in events})
+        node_events = list(NodeEvent.objects.filter(id__gt=self.node_cursor).values_list("id", "node_id"))
+        if node_events:
+            self.node_cursor = max(e for e, _ in node_events)
+            ids = {n for _, n in node_events}
+            usable = set(Cluster.objects.filter(state__in=SCHEDULABLE_CLUSTERS).values_list("pk", flat=True))
+            for pk, state, cluster_id in Node.objects.filter(pk__in=ids).values_list(
+                "pk", "state", "cluster_id"
+            ):
+                row = snap.row_of.get(pk)
+                if row is None:
+                    self.invalidate()  # a node the snapshot has never seen: start over
+                    self.rebuild()
+                    return
+                snap.set_ready(row, state == NodeState.READY and cluster_id in usable)
+
+    def refresh_jobs(self, job_ids: set[int]) -> None:
+        """Bring the cache in line with the database for these jobs: pending or not, holding
+        what. Idempotent."""
+        snap = self.snap
+        assert snap is not None
+        jobs = {j.pk: j for j in Job.objects.filter(pk__in=job_ids)}
+        active = defaultdict(list)
+        for job_id, node_id, gpu_id, cpu, memory in Allocation.objects.filter(
+            job_id__in=job_ids, active=True
+        ).values_list("job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"):
+            active[job_id].append((node_id, gpu_id, cpu, memory))
+        gpu_index = None
+        for job_id in job_ids:
+            job = jobs.get(job_id)
+            held_now = active.get(job_id, [])
+            counted = self.held.get(job_id)
+            if counted is not None and len(counted) != len(held_now):
+                self._release(job_id)
+                counted = None
+            if counted is None and held_now:
+                if gpu_index is None:
+                    gpu_index = {
+                        dev: (row, idx) for row, ids in enumerate(snap.gpu_ids) for idx, dev in ids.items()
+                    }
+                model = snap.model_index.get(job.gpu_model_id, -1) if job and job.gpu_model_id else -1
+                self._count(job_id, held_now, snap.row_of, gpu_index, job.queue_id if job else 0, model)
+            if job is not None and job.state == JobState.PENDING:
+                self.queue.upsert(self._view(job))
+            else:
+                self.queue.remove(job_id)
+
+    def assume(self, job: JobView, rows_and_indices, queue_id: int) -> None:
+        """Count a decision of this cycle before it is committed (Kubernetes' AssumePod)."""
+        snap = self.snap
+        assert snap is not None
+        counted = []
+        for row, indices in rows_and_indices:
+            snap.take(row, indices, job.cpu, job.memory)
+            counted.append(Held(row, -1, job.cpu, job.memory))
+            counted += [Held(row, i, 0, 0) for i in indices]
+        self.held[job.id] = counted
+        self.job_queue[job.id] = (queue_id, job.model)
+        if job.total_gpus and job.model >= 0:
+            snap.quota.add(queue_id, job.model, job.total_gpus)
+        self.queue.remove(job.id)
+
+    def forget_lost(self, job: JobView) -> None:
+        """A placement that lost its compare-and-set (the job was cancelled or held meanwhile):
+        give back what was assumed; the job's new state arrives with its event."""
+        self._release(job.id)
+
+    def forget(self, job: JobView) -> None:
+        """Undo ``assume`` for a decision that will not be committed; the job waits again."""
+        self._release(job.id)
+        self.queue.upsert(job)
+
+    # --- pending jobs -------------------------------------------------------------------------
+    def _views(self, jobs) -> list[JobView]:
+        return [self._view_from_row(row) for row in jobs.values_list(*_VIEW_FIELDS)]
+
+    def _view(self, job: Job) -> JobView:
+        return self._view_from_row(tuple(getattr(job, f) for f in _VIEW_FIELDS))
+
+    def _view_from_row(self, row: tuple) -> JobView:
+        snap = self.snap
+        assert snap is not None
+        (
+            pk,
+            queue_id,
+            project_id,
+            priority,
+            submitted,
+            nodes,
+            gpus,
+            model_id,
+            cpu,
+            memory,
+            placement,
+            attempts,
+            version,
+        ) = row
+        placement = placement or {}
+        clusters = (
+            tuple(
+                sorted(
+                    snap.cluster_index[c]
+                    for c in _cluster_pks(placement.get("clusters") or [], snap)
+                    if c in snap.cluster_index
+                )
+            )
+            if placement.get("clusters")
+            else ()
+        )
+        if placement.get("clusters") and not clusters:
+            clusters = (-1,)  # asked for clusters that do not exist (any more): fits nowhere
+        return JobView(
+            id=pk,
+            queue_id=queue_id,
+            project_id=project_id,
+            priority=priority,
+            submitted_at=submitted.timestamp(),
+            nodes=nodes,
+            gpus=gpus,
+            model=snap.model_index.get(model_id, -1) if model_id else -1,
+            cpu=cpu,
+            memory=memory,
+            clusters=clusters,
+            selector=tuple(sorted((placement.get("nodeSelector") or {}).items())),
+            attempts=attempts,
+            version=version,
+        )
+
+
+_VIEW_FIELDS = (
+    "pk",
+    "queue_id",
+    "project_id",
+    "priority",
+    "submitted_at",
+    "nodes",
+    "gpus_per_node",
+    "gpu_model_id",
+    "cpu_millicores_per_node",
+    "memory_bytes_per_node",
+    "placement",
+    "attempt_count",
+    "version",
+)
+
+
+def _cluster_pks(names: list[str], snap: Snapshot) -> list[int]:
+    by_name = dict(zip(snap.cluster_names, snap.cluster_ids, strict=True))
+    return [by_name[n] for n in names if n in by_name]

@@ -1,0 +1,501 @@
+"""One scheduling cycle, in numbered phases with per-phase timing (as Kueue's ``schedule()``).
+
+1. **Lock.** A transaction-scoped PostgreSQL advisory lock: a second concurrent cycle finds it
+   taken and does nothing. (SQLite, the embedded default: a process lock.) The epoch — the
+   fencing token every attempt carries — is bumped in the same transaction.
+2. **Sync.** The cache brings the snapshot and the pending queue up to date from the event logs.
+3. **Decide.** Equivalence classes in queue-sort order; for each head job: PreFilter (quota,
+   gang), the class's Filter mask (computed once per class, then re-checked only on rows that
+   changed), Score, select nodes and exact GPU indices, Reserve, assume. A class that does not
+   fit is given up for the rest of the cycle (capacity only shrinks within a cycle) and its
+   jobs are told why, in a sentence built from the filter masks.
+4. **Commit**, in the same transaction: compare-and-set every placed job PENDING → SCHEDULED
+   (a job cancelled meanwhile loses its placement), then bulk-insert attempts, allocations,
+   events and outbox rows (``COPY`` on PostgreSQL). A crash before commit leaves no trace.
+5. **Explain.** Pending reasons, written only when they change (and at most every 10 s per
+   class).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from clusters.live import publish_on_commit
+from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
+from scheduling.framework import CycleState, JobView, NodeChoice, Placement, Status
+from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, PENDING_JOBS
+from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
+from scheduling.policies import Profile, active_profile
+from scheduling.queue import JobClass
+
+log = logging.getLogger(__name__)
+LOCK_KEY = 0x0_5C4E_D01E  # pg advisory lock id of the scheduling cycle
+EXPLAIN_EVERY_S = 10.0
+_process_lock = threading.Lock()
+
+
+@dataclass
+class CycleReport:
+    ran: bool = False
+    epoch: int = 0
+    placed: int = 0
+    lost_races: int = 0
+    unschedulable_classes: int = 0
+    pending: int = 0
+    phases_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.phases_ms.values())
+
+
+class _Phases:
+    def __init__(self, report: CycleReport) -> None:
+        self.report = report
+
+    @contextmanager
+    def __call__(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.report.phases_ms[name] = round((time.perf_counter() - started) * 1000, 2)
+
+
+def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
+    """Run one cycle; returns what it did. ``cache`` defaults to the process's scheduler cache."""
+    from scheduling.scheduler import scheduler_cache
+
+    cache = cache or scheduler_cache()
+    report = CycleReport()
+    phase = _Phases(report)
+    started = time.perf_counter()
+    with _exclusive() as got_it:
+        if not got_it:
+            return report  # another cycle is running: this one is a no-op
+        try:
+            with transaction.atomic():
+                with phase("1_lock"):
+                    if not _advisory_lock():
+                        return report
+                    report.ran = True
+                    report.epoch = _next_epoch()
+                with phase("2_sync"):
+                    snap = cache.ensure()
+                with phase("3_decide"):
+                    decisions, blocked = decide(
+                        active_profile(),
+                        cache,
+                        snap,
+                        report.epoch,
+                        limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
+                    )
+                with phase("4_commit"):
+                    placed, lost = commit(decisions, snap, report.epoch)
+                    for job in lost:
+                        cache.forget_lost(job)
+                with phase("5_explain"):
+                    explain(cache, blocked)
+        except Exception:
+            cache.invalidate()  # assumed decisions died with the transaction
+            raise
+    report.placed, report.lost_races = len(placed), len(lost)
+    report.unschedulable_classes = len(blocked)
+    report.pending = len(cache.queue)
+    CYCLE_SECONDS.observe(time.perf_counter() - started)
+    ATTEMPTS.labels("scheduled").inc(report.placed)
+    ATTEMPTS.labels("lost_race").inc(report.lost_races)
+    ATTEMPTS.labels("unschedulable").inc(sum(len(b.cls) for b in blocked))
+    PENDING_JOBS.set(report.pending)
+    return report
+
+
+@contextmanager
+def _exclusive():
+    """One cycle per process at a time; across processes the advisory lock decides."""
+    got = _process_lock.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            _process_lock.release()
+
+
+def _advisory_lock() -> bool:
+    if connection.vendor != "postgresql":
+        return True  # SQLite: one process, serialised by _exclusive and the write lock
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
+        return bool(cursor.fetchone()[0])
+
+
+def _next_epoch() -> int:
+    state, _ = SchedulerState.objects.get_or_create(pk=1)
+    SchedulerState.objects.filter(pk=1).update(epoch=state.epoch + 1, last_cycle_at=timezone.now())
+    return state.epoch + 1
+
+
+# --- 3. decide ------------------------------------------------------------------------------
+
+
+@dataclass
+class Blocked:
+    cls: JobClass
+    status: Status
+
+
+def decide(
+    profile: Profile, cache: Any, snap: Any, epoch: int, limit: int
+) -> tuple[list[Placement], list[Blocked]]:
+    state = CycleState(epoch=epoch)
+    queues = {
+        pk: (prio, weight, project)
+        for pk, prio, weight, project in Queue.objects.values_list(
+            "pk", "priority", "fair_share_weight", "project_id"
+        )
+    }
+    state.data["queue_priority"] = {q: v[0] for q, v in queues.items()}
+    state.data["queue_project"] = {q: v[2] for q, v in queues.items()}
+    weights: dict[int, float] = {}
+    for _, weight, project in queues.values():
+        weights[project] = max(weights.get(project, 0.0), weight)
+    state.data["project_weight"] = weights
+
+    def key(cls: JobClass) -> tuple[Any, ...]:
+        head = cls.head
+        parts: tuple[Any, ...] = ()
+        for plugin in profile.queue_sort:
+            parts += plugin.sort_key(state, snap, head)
+        return (*parts, head.submitted_at, head.id)
+
+    heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
+    heapq.heapify(heap)
+    masks: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}
+    decisions: list[Placement] = []
+    blocked: list[Blocked] = []
+    counter = len(heap)
+    while heap and len(decisions) < limit:
+        _, _, cls = heapq.heappop(heap)
+        if not len(cls):
+            continue
+        job = cls.head
+        status = next((s for p in profile.pre_filter if not (s := p.pre_filter(state, snap, job)).ok), None)
+        if status is not None:
+            blocked.append(Blocked(cls, status))
+            continue
+        mask = _class_mask(profile, state, snap, job, masks)
+        placement = select(profile, state, snap, job, mask)
+        if placement is None:
+            blocked.append(Blocked(cls, _why(profile, state, snap, job)))
+            continue
+        for plugin in profile.reserve:
+            plugin.reserve(state, snap, placement)
+        cache.queue.pop_head(cls)
+        cache.assume(job, [(c.row, c.gpu_indices) for c in placement.nodes], job.queue_id)
+        decisions.append(placement)
+        if len(cls):
+            counter += 1
+            heapq.heappush(heap, (key(cls), counter, cls))
+    return decisions, blocked
+
+
+def _class_mask(
+    profile: Profile,
+    state: CycleState,
+    snap: Any,
+    job: JobView,
+    masks: dict[tuple[Any, ...], tuple[np.ndarray, int]],
+) -> np.ndarray:
+    """The class's filter mask over all rows: computed once, then only rows changed since (by
+    placements of this cycle) are checked again."""
+    shape = job.shape()
+    cached = masks.get(shape)
+    if cached is None:
+        rows = snap.all_rows
+        mask = np.ones(len(rows), dtype=bool)
+        for plugin in profile.filter:
+            mask &= plugin.filter(state, snap, job, rows)
+    else:
+        mask, seen = cached
+        if seen < len(snap.changed):
+            rows = np.unique(np.asarray(snap.changed[seen:], dtype=np.int64))
+            ok = np.ones(len(rows), dtype=bool)
+            for plugin in profile.filter:
+                ok &= plugin.filter(state, snap, job, rows)
+            mask[rows] = ok
+    masks[shape] = (mask, len(snap.changed))
+    return mask
+
+
+def select(
+    profile: Profile, state: CycleState, snap: Any, job: JobView, mask: np.ndarray
+) -> Placement | None:
+    """The best node (or, for a gang, the best set of nodes in one cluster) among the feasible
+    rows, by weighted score; GPU indices chosen on each. None when nothing fits."""
+    rows = np.flatnonzero(mask)
+    if len(rows) < job.nodes:
+        return None
+    scores = np.zeros(len(rows))
+    for plugin, weight in profile.score:
+        if weight:
+            scores += weight * plugin.score(state, snap, job, rows)
+    if job.nodes == 1:
+        row = int(rows[int(np.argmax(scores))])
+        chosen = [row]
+    else:
+        chosen = []
+        best_total = -np.inf
+        clusters = snap.cluster[rows]
+        for cluster in np.unique(clusters):
+            in_cluster = np.flatnonzero(clusters == cluster)
+            if len(in_cluster) < job.nodes:
+                continue
+            top = in_cluster[np.argsort(-scores[in_cluster], kind="stable")[: job.nodes]]
+            total = float(scores[top].sum())
+            if total > best_total:
+                best_total, chosen = total, [int(r) for r in rows[top]]
+        if not chosen:
+            return None
+    nodes = tuple(NodeChoice(row, snap.choose_gpus(row, job.gpus)) for row in chosen)
+    return Placement(job, int(snap.cluster[chosen[0]]), nodes)
+
+
+def _why(profile: Profile, state: CycleState, snap: Any, job: JobView) -> Status:
+    """'0/10,000 nodes fit: 9,800 lack 8 free h100-80g, 200 not ready' from the filter masks."""
+    rows = snap.all_rows
+    remaining = np.ones(len(rows), dtype=bool)
+    parts, stopped_by = [], []
+    for plugin in profile.filter:
+        ok = plugin.filter(state, snap, job, rows)
+        refused = int(np.count_nonzero(remaining & ~ok))
+        if refused:
+            parts.append(plugin.explain(job, snap, refused))
+            stopped_by.append(plugin.name)
+        remaining &= ok
+    fit = int(np.count_nonzero(remaining))
+    if fit and job.nodes > 1:
+        message = f"{fit:,}/{len(rows):,} nodes fit, not {job.nodes} in one cluster"
+    else:
+        message = f"{fit:,}/{len(rows):,} nodes fit" + (": " + ", ".join(parts) if parts else "")
+    reason = PendingReason.RESOURCES
+    if stopped_by and set(stopped_by) <= {"node_state", "cluster_affinity"}:
+        reason = PendingReason.CLUSTER_UNAVAILABLE
+    return Status(reason=reason, message=message)
+
+
+# --- 4. commit -------------------------------------------------------------------------------
+
+
+def commit(decisions: list[Placement], snap: Any, epoch: int) -> tuple[list[Placement], list[JobView]]:
+    """Write every decision in the current transaction; returns (placed, jobs that lost a race)."""
+    if not decisions:
+        return [], []
+    won = _claim([d.job for d in decisions])
+    placed = [d for d in decisions if d.job.id in won]
+    lost = [d.job for d in decisions if d.job.id not in won]
+    if not placed:
+        return [], lost
+    now = timezone.now()
+    attempts, allocations, events, outbox = [], [], [], []
+    for d in placed:
+        attempt_id = uuid.uuid4()
+        cluster_id = snap.cluster_ids[d.cluster]
+        attempts.append(
+            (
+                attempt_id,
+                d.job.id,
+                d.job.attempts + 1,
+                cluster_id,
+                AttemptState.SCHEDULED,
+                True,
+                epoch,
+                "",
+                "",
+                now,
+            )
+        )
+        where = []
+        for choice in d.nodes:
+            node_id = int(snap.node_id[choice.row])
+            allocations.append((attempt_id, d.job.id, node_id, None, d.job.cpu, d.job.memory, True, now))
+            ids = snap.gpu_ids[choice.row]
+            allocations += [
+                (attempt_id, d.job.id, node_id, ids[i], 0, 0, True, now) for i in choice.gpu_indices
+            ]
+            where.append(f"{snap.names[choice.row]}[{','.join(map(str, choice.gpu_indices))}]")
+        events.append(
+            (
+                d.job.id,
+                attempt_id,
+                now,
+                EventKind.TRANSITION,
+                JobState.PENDING,
+                JobState.SCHEDULED,
+                "",
+                f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})",
+            )
+        )
+        outbox.append(
+            (
+                attempt_id,
+                cluster_id,
+                DispatchOutbox.Kind.START,
+                DispatchOutbox.State.PENDING,
+                epoch,
+                now,
+                0,
+                "",
+            )
+        )
+    _insert(
+        "scheduling_jobattempt",
+        [
+            "id",
+            "job_id",
+            "number",
+            "cluster_id",
+            "state",
+            "active",
+            "epoch",
+            "remote_id",
+            "reason",
+            "created_at",
+        ],
+        attempts,
+        JobAttempt,
+    )
+    _insert(
+        "scheduling_allocation",
+        [
+            "attempt_id",
+            "job_id",
+            "node_id",
+            "gpu_id",
+            "cpu_millicores",
+            "memory_bytes",
+            "active",
+            "allocated_at",
+        ],
+        allocations,
+        Allocation,
+    )
+    _insert(
+        "scheduling_jobevent",
+        ["job_id", "attempt_id", "at", "kind", "from_state", "to_state", "reason", "message"],
+        events,
+        JobEvent,
+    )
+    _insert(
+        "scheduling_dispatchoutbox",
+        ["attempt_id", "cluster_id", "kind", "state", "epoch", "created_at", "tries", "last_error"],
+        outbox,
+        DispatchOutbox,
+    )
+    by_project: dict[int, list[int]] = defaultdict(list)
+    for d in placed:
+        by_project[d.job.project_id].append(d.job.id)
+    from scheduling.events import JobsScheduled
+
+    for project_id, ids in by_project.items():
+        publish_on_commit([f"project.{project_id}"], JobsScheduled(project_id, ids[:100], len(ids), epoch))
+    return placed, lost
+
+
+def _claim(jobs: list[JobView]) -> set[int]:
+    """Compare-and-set PENDING → SCHEDULED for all placed jobs at once; returns the winners."""
+    ids = [j.id for j in jobs]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                """
+                UPDATE scheduling_job j SET state = %s, version = j.version + 1, attempt_count = j.attempt_count + 1,
+                    reason = '', reason_message = ''
+                FROM unnest(%s::bigint[]) AS v(id)
+                WHERE j.id = v.id AND j.state = %s
+                RETURNING j.id
+                """,
+                [JobState.SCHEDULED, "{" + ",".join(map(str, ids)) + "}", JobState.PENDING],
+            )
+            return {row[0] for row in cursor.fetchall()}
+        won = set()
+        for job_id in ids:
+            cursor.execute(
+                "UPDATE scheduling_job SET state = %s, version = version + 1, attempt_count = attempt_count + 1, "
+                "reason = '', reason_message = '' WHERE id = %s AND state = %s",
+                [JobState.SCHEDULED, job_id, JobState.PENDING],
+            )
+            if cursor.rowcount == 1:
+                won.add(job_id)
+        return won
+
+
+def _insert(table: str, columns: list[str], rows: list[tuple], model: Any) -> None:
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            raw = cursor.cursor  # psycopg's own cursor: COPY is ~10x faster than INSERT here
+            with raw.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})",
+                [
+                    tuple(v.hex if isinstance(v, uuid.UUID) else v for v in row) for row in rows
+                ],  # as Django stores UUIDs
+            )
+
+
+# --- 5. explain ------------------------------------------------------------------------------
+
+
+def explain(cache: Any, blocked: list[Blocked]) -> None:
+    """Tell waiting jobs why, in as few writes as possible."""
+    now = time.monotonic()
+    for b in blocked:
+        shape = b.cls.shape
+        reason = b.status.reason or PendingReason.RESOURCES
+        message = b.status.message[:512]
+        ids = [job.id for _, job in b.cls.jobs]
+        last = cache.explained.get(shape)
+        if last and last[0] == (reason, message) and last[2] >= len(ids) and now - last[1] < EXPLAIN_EVERY_S:
+            continue
+        if last and last[0][0] == reason and last[2] >= len(ids) and now - last[1] < EXPLAIN_EVERY_S:
+            continue  # the same reason with new counts: not worth rewriting every job yet
+        _set_reasons(ids, reason, message)
+        cache.explained[shape] = ((reason, message), now, len(ids))
+
+
+def _set_reasons(ids: list[int], reason: str, message: str) -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                """
+                UPDATE scheduling_job SET reason = %s, reason_message = %s
+                WHERE id = ANY(%s::bigint[]) AND state = %s AND (reason, reason_message) IS DISTINCT FROM (%s, %s)
+                """,
+                [reason, message, "{" + ",".join(map(str, ids)) + "}", JobState.PENDING, reason, message],
+            )
+        else:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                cursor.execute(
+                    f"UPDATE scheduling_job SET reason = %s, reason_message = %s WHERE state = %s "
+                    f"AND id IN ({','.join(['%s'] * len(chunk))})",
+                    [reason, message, JobState.PENDING, *chunk],
+                )

@@ -1,0 +1,159 @@
+"""The scheduling framework: extension points, statuses and per-cycle state.
+
+Shaped like the Kubernetes scheduler framework, but **columnar**: a Filter returns a boolean mask
+over snapshot rows and a Score returns a vector, so deciding one job costs a few array
+operations over the fleet, not a Python call per node. A plugin gets the cycle state, the
+snapshot and the job, and returns a value; it never loops over nodes in Python, never touches
+the ORM, an adapter or the scheduler object.
+
+Rows: a plugin is asked about ``rows`` — an index array into the snapshot — and answers for
+those rows only, in the same order. The cycle asks about the whole fleet once per equivalence
+class and then only about rows that changed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from scheduling.snapshot import Snapshot
+
+
+class Code(enum.IntEnum):
+    SUCCESS = 0
+    UNSCHEDULABLE = 1  # not now: try again when capacity or quota changes
+    ERROR = 2
+
+
+@dataclass(frozen=True)
+class Status:
+    code: Code = Code.SUCCESS
+    reason: str = ""  # a PendingReason value
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == Code.SUCCESS
+
+
+OK = Status()
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the scheduler knows of a pending job: its shape in snapshot terms."""
+
+    id: int
+    queue_id: int
+    project_id: int
+    priority: int
+    submitted_at: float
+    nodes: int
+    gpus: int  # per node
+    model: int  # snapshot model index, -1 for no GPU
+    cpu: int  # millicores per node
+    memory: int  # bytes per node
+    clusters: tuple[int, ...] = ()  # snapshot cluster indices allowed; empty = any
+    selector: tuple[tuple[str, str], ...] = ()
+    attempts: int = 0
+    version: int = 0
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus
+
+    def shape(self) -> tuple[Any, ...]:
+        """Jobs with equal shapes are interchangeable to every filter: one equivalence class."""
+        return (
+            self.queue_id,
+            self.nodes,
+            self.gpus,
+            self.model,
+            self.cpu,
+            self.memory,
+            self.clusters,
+            self.selector,
+        )
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    row: int
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    job: JobView
+    cluster: int  # snapshot cluster index
+    nodes: tuple[NodeChoice, ...]
+
+
+@dataclass
+class CycleState:
+    """Scratch space of one cycle, shared by plugins (keyed by plugin name)."""
+
+    epoch: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# --- extension points -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    name: ClassVar[str]
+
+
+@runtime_checkable
+class QueueSortPlugin(Plugin, Protocol):
+    def sort_key(self, state: CycleState, snap: Snapshot, job: JobView) -> tuple[Any, ...]:
+        """Smaller keys go first."""
+
+
+@runtime_checkable
+class PreFilterPlugin(Plugin, Protocol):
+    def pre_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
+        """Admission before looking at nodes (quota, gang feasibility)."""
+
+
+@runtime_checkable
+class FilterPlugin(Plugin, Protocol):
+    def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
+        """A boolean mask over ``rows``: True where the node may take the job."""
+
+    def explain(self, job: JobView, snap: Snapshot, refused: int) -> str:
+        """Words for ``refused`` nodes that this filter ruled out, e.g. '9,800 lack 8 free h100'."""
+
+
+@runtime_checkable
+class ScorePlugin(Plugin, Protocol):
+    def score(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
+        """A float vector over ``rows``, higher is better, in [0, 1]; weights are the framework's."""
+
+
+@runtime_checkable
+class ReservePlugin(Plugin, Protocol):
+    def reserve(self, state: CycleState, snap: Snapshot, placement: Placement) -> Status: ...
+
+    def unreserve(self, state: CycleState, snap: Snapshot, placement: Placement) -> None: ...
+
+
+@runtime_checkable
+class PostFilterPlugin(Plugin, Protocol):
+    def post_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
+        """Called when nothing fits (preemption lives here)."""
+
+
+EXTENSION_POINTS: dict[str, type] = {
+    "queue_sort": QueueSortPlugin,
+    "pre_filter": PreFilterPlugin,
+    "filter": FilterPlugin,
+    "score": ScorePlugin,
+    "reserve": ReservePlugin,
+    "post_filter": PostFilterPlugin,
+}

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import numpy as np
+
+from scheduling.framework import CycleState, JobView
+from scheduling.snapshot import Snapshot
+
+
+class Binpack:
+    """Score: prefer the node the job fills most (fewest GPUs — or cpu for CPU-only jobs — left
+    free afterwards), keeping whole nodes free for large jobs."""
+
+    name = "binpack"
+
+    def score(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
+        if job.gpus:
+            total = np.maximum(snap.gpu_total[rows], 1)
+            left = snap.gpu_free[rows] - job.gpus
+        else:
+            total = np.maximum(snap.cpu_free[rows], 1)
+            left = snap.cpu_free[rows] - job.cpu
+        return 1.0 - left / total

@@ -1,0 +1,95 @@
+"""The process's scheduler: its cache, the cycle entry point tasks call, and the simulated
+clusters' runner (jobs placed on a simulated cluster start at once and end after their
+``spec.sim.duration``)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from clusters.choices import ClusterKind
+from scheduling.cache import SchedulerCache
+from scheduling.choices import JobState
+from scheduling.models import DispatchOutbox, Job
+from scheduling.services.transitions import transition_jobs
+
+_cache: SchedulerCache | None = None
+_lock = threading.Lock()
+
+
+def scheduler_cache() -> SchedulerCache:
+    global _cache
+    with _lock:
+        if _cache is None:
+            _cache = SchedulerCache()
+        return _cache
+
+
+def reset_scheduler_cache() -> None:
+    """Forget the process's cache (tests, and operators after restoring a database)."""
+    global _cache
+    with _lock:
+        _cache = None
+
+
+def advance_simulated_jobs() -> dict[str, int]:
+    """Start what was placed on simulated clusters and finish what has run its course."""
+    started = list(
+        DispatchOutbox.objects.filter(
+            state=DispatchOutbox.State.PENDING,
+            cluster__kind=ClusterKind.SIMULATED,
+            kind=DispatchOutbox.Kind.START,
+        ).values_list("pk", "attempt__job_id")
+    )
+    moved = {"started": 0, "finished": 0, "failed": 0}
+    if started:
+        moved["started"] = len(
+            transition_jobs(
+                [job for _, job in started],
+                JobState.RUNNING,
+                only_from=JobState.SCHEDULED,
+                message="started on a simulated cluster",
+            )
+        )
+        DispatchOutbox.objects.filter(pk__in=[pk for pk, _ in started]).update(
+            state=DispatchOutbox.State.SENT, tries=F("tries") + 1
+        )
+    now = timezone.now()
+    default = settings.ORRERY_SIM_DEFAULT_DURATION_S
+    done_ok, done_failed = [], {}
+    for pk, started_at, spec in Job.objects.filter(
+        state=JobState.RUNNING, attempts__active=True, attempts__cluster__kind=ClusterKind.SIMULATED
+    ).values_list("pk", "started_at", "spec"):
+        sim = (spec or {}).get("sim") or {}
+        duration = sim.get("durationSeconds") or default
+        if started_at and started_at + timedelta(seconds=duration) <= now:
+            code = sim.get("exitCode") or 0
+            if code:
+                done_failed[pk] = code
+            else:
+                done_ok.append(pk)
+    moved["finished"] = len(
+        transition_jobs(
+            done_ok,
+            JobState.SUCCEEDED,
+            only_from=JobState.RUNNING,
+            exit_code=0,
+            message="finished on a simulated cluster",
+        )
+    )
+    for code in set(done_failed.values()):
+        ids = [pk for pk, c in done_failed.items() if c == code]
+        moved["failed"] += len(
+            transition_jobs(
+                ids,
+                JobState.FAILED,
+                only_from=JobState.RUNNING,
+                exit_code=code,
+                message=f"exit code {code} on a simulated cluster",
+            )
+        )
+    return moved

@@ -1,0 +1,136 @@
+"""The scheduler's columnar picture of the fleet: one row per node, one numpy array per fact.
+
+Free GPUs are both a count (``gpu_free``) and a bitmask of free, healthy indices
+(``free_bits``), so a decision names exact GPU indices. ``take``/``give`` change one row and
+log it, so a class's filter mask can be brought up to date by re-checking only changed rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class QuotaBook:
+    """GPUs held per (queue, model row index) against nominal quota, with cohorts.
+
+    A queue with no quota rows at all is not limited. Otherwise it may hold up to its nominal
+    quota of a model, and borrow beyond it what the other queues of its cohort leave unused,
+    up to its borrowing limit (None = no limit)."""
+
+    limited: set[int] = field(default_factory=set)
+    nominal: dict[tuple[int, int], int] = field(default_factory=dict)
+    borrowing_limit: dict[tuple[int, int], int | None] = field(default_factory=dict)
+    used: dict[tuple[int, int], int] = field(default_factory=dict)
+    cohort_of: dict[int, str] = field(default_factory=dict)
+    members: dict[str, list[int]] = field(default_factory=dict)
+
+    def headroom(self, queue: int, model: int) -> int:
+        """How many more GPUs of ``model`` the queue may hold now (a large number if unlimited)."""
+        if queue not in self.limited:
+            return 1 << 30
+        key = (queue, model)
+        own = self.nominal.get(key, 0) - self.used.get(key, 0)
+        cohort = self.cohort_of.get(queue)
+        if not cohort:
+            return max(own, 0)
+        lendable = sum(
+            max(self.nominal.get((q, model), 0) - self.used.get((q, model), 0), 0)
+            for q in self.members[cohort]
+            if q != queue
+        )
+        borrowed = max(self.used.get(key, 0) - self.nominal.get(key, 0), 0)
+        limit = self.borrowing_limit.get(key)
+        may_borrow = lendable if limit is None else min(lendable, max(limit - borrowed, 0))
+        return max(own, 0) + may_borrow
+
+    def add(self, queue: int, model: int, gpus: int) -> None:
+        key = (queue, model)
+        self.used[key] = self.used.get(key, 0) + gpus
+
+    def describe(self, queue_name: str, queue: int, model: int, model_name: str) -> str:
+        key = (queue, model)
+        return f"queue {queue_name} at {self.used.get(key, 0)}/{self.nominal.get(key, 0)} {model_name}"
+
+
+@dataclass
+class Snapshot:
+    node_id: np.ndarray  # int64
+    cluster: np.ndarray  # int32, index into cluster_ids
+    model: np.ndarray  # int32, index into model_ids; -1 without GPUs
+    ready: np.ndarray  # bool: node and cluster accept new work
+    gpu_total: np.ndarray  # int32: healthy GPUs
+    gpu_free: np.ndarray  # int32
+    free_bits: np.ndarray  # uint64: bit i set = GPU index i free and healthy
+    cpu_free: np.ndarray  # int64 millicores
+    mem_free: np.ndarray  # int64 bytes
+    cluster_ids: list[int]
+    cluster_names: list[str]
+    model_ids: list[int]
+    model_names: list[str]
+    gpu_ids: list[dict[int, int]]  # per row: GPU index → GpuDevice id
+    groups: list[dict[int, str]]  # per row: GPU index → topology group ("" unknown)
+    labels: list[dict[str, str]]
+    names: list[str] = field(default_factory=list)
+    quota: QuotaBook = field(default_factory=QuotaBook)
+    queue_names: dict[int, str] = field(default_factory=dict)
+    changed: list[int] = field(default_factory=list)
+    _label_masks: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.row_of = {int(n): i for i, n in enumerate(self.node_id)}
+        self.model_index = {m: i for i, m in enumerate(self.model_ids)}
+        self.cluster_index = {c: i for i, c in enumerate(self.cluster_ids)}
+        self.all_rows = np.arange(len(self.node_id))
+
+    def __len__(self) -> int:
+        return len(self.node_id)
+
+    def label_mask(self, key: str, value: str) -> np.ndarray:
+        mask = self._label_masks.get((key, value))
+        if mask is None:
+            mask = np.fromiter(
+                (lbl.get(key) == value for lbl in self.labels), dtype=bool, count=len(self.labels)
+            )
+            self._label_masks[(key, value)] = mask
+        return mask
+
+    def take(self, row: int, indices: tuple[int, ...], cpu: int, memory: int) -> None:
+        for i in indices:
+            self.free_bits[row] &= ~np.uint64(1 << i)
+        self.gpu_free[row] -= len(indices)
+        self.cpu_free[row] -= cpu
+        self.mem_free[row] -= memory
+        self.changed.append(row)
+
+    def give(self, row: int, indices: tuple[int, ...], cpu: int, memory: int) -> None:
+        for i in indices:
+            self.free_bits[row] |= np.uint64(1 << i)
+        self.gpu_free[row] += len(indices)
+        self.cpu_free[row] += cpu
+        self.mem_free[row] += memory
+        self.changed.append(row)
+
+    def set_ready(self, row: int, ready: bool) -> None:
+        self.ready[row] = ready
+        self.changed.append(row)
+
+    def free_indices(self, row: int) -> list[int]:
+        bits = int(self.free_bits[row])
+        return [i for i in range(64) if bits >> i & 1]
+
+    def choose_gpus(self, row: int, count: int) -> tuple[int, ...]:
+        """``count`` free indices, from one NVLink/PCIe group when the node reports groups and
+        one group can hold them all (the fullest group that fits, to keep whole groups free)."""
+        free = self.free_indices(row)
+        groups = self.groups[row]
+        if count and groups:
+            by_group: dict[str, list[int]] = {}
+            for i in free:
+                by_group.setdefault(groups.get(i, ""), []).append(i)
+            fitting = [g for g in by_group.values() if len(g) >= count]
+            if fitting:
+                return tuple(min(fitting, key=len)[:count])
+        return tuple(free[:count])

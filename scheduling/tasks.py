@@ -1,0 +1,16 @@
+"""Thin Celery tasks over the scheduler (beat schedule in settings)."""
+
+from celery import shared_task
+
+from scheduling.cycle import run_cycle
+from scheduling.scheduler import advance_simulated_jobs
+
+
+@shared_task(ignore_result=True)
+def scheduling_cycle_task() -> int:
+    return run_cycle().placed
+
+
+@shared_task(ignore_result=True)
+def simulated_clusters_task() -> dict[str, int]:
+    return advance_simulated_jobs()
