@@ -286,5 +286,6 @@ ORRERY_SCHEDULER_PROFILE = {
 }
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
+ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))

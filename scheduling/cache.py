@@ -56,6 +56,9 @@ class SchedulerCache:
         self.node_cursor = 0
         self.built_at = 0.0
         self.explained: dict[tuple, tuple] = {}  # class shape → (reason, message), when, jobs
+        self.verdicts: dict[tuple, tuple] = {}  # class shape → (snapshot, its version, Status)
+        self.seen_events: set[int] = set()  # event ids already applied, within the re-read window
+        self.placed_by_us: set[int] = set()  # jobs this process placed since the last sync
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:
@@ -73,6 +76,12 @@ class SchedulerCache:
     def rebuild(self) -> None:
         # Cursors first: anything appended while we read is re-read by the next sync.
         self.job_cursor = JobEvent.objects.aggregate(m=Max("id"))["m"] or 0
+        self.seen_events = set(
+            JobEvent.objects.filter(id__gt=max(self.job_cursor - REREAD_WINDOW, 0)).values_list(
+                "id", flat=True
+            )
+        )
+        self.placed_by_us = set()
         self.node_cursor = NodeEvent.objects.aggregate(m=Max("id"))["m"] or 0
         clusters = list(Cluster.objects.order_by("pk").values_list("pk", "name", "state"))
         cluster_index = {pk: i for i, (pk, _, _) in enumerate(clusters)}
@@ -221,14 +230,24 @@ class SchedulerCache:
     def sync(self) -> None:
         snap = self.snap
         assert snap is not None
-        events = list(
-            JobEvent.objects.filter(id__gt=max(self.job_cursor - REREAD_WINDOW, 0)).values_list(
-                "id", "job_id"
+        low = max(self.job_cursor - REREAD_WINDOW, 0)
+        events = [
+            (event, job, to_state)
+            for event, job, to_state in JobEvent.objects.filter(id__gt=low).values_list(
+                "id", "job_id", "to_state"
             )
-        )
+            if event not in self.seen_events
+        ]
         if events:
-            self.job_cursor = max(self.job_cursor, max(e for e, _ in events))
-            self.refresh_jobs({job for _, job in events})
+            self.job_cursor = max(self.job_cursor, max(e for e, _, _ in events))
+            self.seen_events = {e for e in self.seen_events if e > low} | {e for e, _, _ in events}
+            # The placements this process committed are already counted (assumed): skip them.
+            ours, self.placed_by_us = self.placed_by_us, set()
+            changed = {
+                job for _, job, to_state in events if not (to_state == JobState.SCHEDULED and job in ours)
+            }
+            if changed:
+                self.refresh_jobs(changed)
         node_events = list(NodeEvent.objects.filter(id__gt=self.node_cursor).values_list("id", "node_id"))
         if node_events:
             self.node_cursor = max(e for e, _ in node_events)

@@ -214,11 +214,23 @@ class Allocation(models.Model):
     (``gpu`` null) carrying its cpu and memory. Rows are released, never deleted, so history
     stays; ``active`` is what the partial unique indexes look at."""
 
+    # The scheduling cycle writes tens of thousands of these rows per second, and each database
+    # foreign key costs a lookup and a row lock at commit. The attempt keeps its database key;
+    # job (copied from the attempt), node and GPU are guarded by the ORM (PROTECT) and by the
+    # index that matters: one active allocation per GPU.
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations", db_constraint=False)
+    node = models.ForeignKey(
+        Node, on_delete=models.PROTECT, related_name="allocations", db_constraint=False, db_index=False
+    )
     gpu = models.ForeignKey(
-        GpuDevice, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations"
+        GpuDevice,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="allocations",
+        db_constraint=False,
+        db_index=False,
     )
     cpu_millicores = models.BigIntegerField(default=0)
     memory_bytes = models.BigIntegerField(default=0)
@@ -261,7 +273,9 @@ class JobEvent(models.Model):
     refuses UPDATE); every page and the API show a job's life from these."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, null=True, blank=True)
+    attempt = models.ForeignKey(
+        JobAttempt, on_delete=models.CASCADE, null=True, blank=True, db_constraint=False, db_index=False
+    )
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     kind = models.CharField(max_length=16, choices=EventKind.choices)
     from_state = models.CharField(max_length=12, choices=JobState.choices, blank=True)
@@ -310,7 +324,10 @@ class DispatchOutbox(models.Model):
         FAILED = "failed", "Failed"
 
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="outbox")
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="outbox")
+    # the attempt's cluster, copied for the dispatchers' index (no key of its own: hot path)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.CASCADE, related_name="outbox", db_constraint=False, db_index=False
+    )
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.START)
     state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
     epoch = models.BigIntegerField(default=0)

@@ -22,13 +22,11 @@ and GPU onto their rows for the console and the API.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,6 +41,7 @@ from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
 from clusters.models import GpuDevice, MetricPoint, Node, NodeLastSeen
+from clusters.performance import collector_paused
 
 log = logging.getLogger(__name__)
 _CATALOG_TTL_S = 30.0
@@ -70,25 +69,11 @@ def _when(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=UTC)
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A pass makes tens of thousands of short-lived, acyclic objects; letting the cyclic
-    garbage collector walk the whole heap several times meanwhile doubled the pass (measured).
-    Reference counting frees them all the same."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def flush_heartbeats(buffer: HeartbeatBuffer | None = None) -> FlushResult:
     """One aggregation pass. Safe to run concurrently with ingest; run one at a time."""
     buffer = buffer or get_buffer()
     started = time.perf_counter()
-    with _collector_paused():
+    with collector_paused():
         records = buffer.take_dirty()
         if not records:
             return FlushResult(0, 0, 0, time.perf_counter() - started)

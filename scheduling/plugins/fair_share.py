@@ -31,10 +31,13 @@ class FairShare:
         return usage
 
     def share(self, state: CycleState, snap: Snapshot, project: int) -> float:
-        usage = self._usage(state, snap).get(project, {})
-        totals = state.data["fair_share.totals"]
-        dominant = max((gpus / totals[m] for m, gpus in usage.items() if totals.get(m)), default=0.0)
-        return dominant / max(state.data["project_weight"].get(project, 1.0), 1e-9)
+        shares = state.data.setdefault("fair_share.shares", {})
+        if project not in shares:
+            usage = self._usage(state, snap).get(project, {})
+            totals = state.data["fair_share.totals"]
+            dominant = max((gpus / totals[m] for m, gpus in usage.items() if totals.get(m)), default=0.0)
+            shares[project] = dominant / max(state.data["project_weight"].get(project, 1.0), 1e-9)
+        return shares[project]
 
     def sort_key(self, state: CycleState, snap: Snapshot, job: JobView) -> tuple[Any, ...]:
         return (self.share(state, snap, job.project_id),)
@@ -44,6 +47,7 @@ class FairShare:
         if job.total_gpus and job.model >= 0:
             per = self._usage(state, snap).setdefault(job.project_id, {})
             per[job.model] = per.get(job.model, 0) + job.total_gpus
+            state.data.get("fair_share.shares", {}).pop(job.project_id, None)
         return OK
 
     def unreserve(self, state: CycleState, snap: Snapshot, placement: Placement) -> None:
@@ -51,3 +55,4 @@ class FairShare:
         if job.total_gpus and job.model >= 0:
             per = self._usage(state, snap).setdefault(job.project_id, {})
             per[job.model] = per.get(job.model, 0) - job.total_gpus
+            state.data.get("fair_share.shares", {}).pop(job.project_id, None)
