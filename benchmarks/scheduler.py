@@ -180,7 +180,7 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
     return {"node_model": node_model, "shapes": shapes}
 
 
-def run(workload: dict, say, per_cycle: int) -> dict:  # noqa: ANN001
+def run(workload: dict, say, per_cycle: int) -> dict:
     from scheduling.cache import SchedulerCache
     from scheduling.cycle import run_cycle
 
