@@ -117,7 +117,7 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
             for i in range(per)
         )
         # two models per cluster, half the nodes each
-        for i, node in enumerate(rows):
+        for i in range(len(rows)):
             node_model.append(MODELS[(c + (i % 2)) % len(MODELS)])
         GpuDevice.objects.bulk_create(
             (
@@ -141,7 +141,7 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
             queue = Queue.objects.create(
                 project=project, name=f"q{q}", priority=q * 10, cohort="all", fair_share_weight=1 + p % 2
             )
-            for slug, model in models.items():
+            for model in models.values():
                 QueueQuota.objects.create(
                     queue=queue,
                     gpu_model=model,
