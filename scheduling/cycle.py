@@ -160,15 +160,23 @@ class Blocked:
 
 
 def decide(
-    profile: Profile, cache: Any, snap: Any, epoch: int, limit: int
+    profile: Profile,
+    cache: Any,
+    snap: Any,
+    epoch: int,
+    limit: int,
+    queues: dict[int, tuple[int, float, int]] | None = None,
 ) -> tuple[list[Placement], list[Blocked]]:
+    """Decide placements in memory (no writes): ``queues`` maps queue id → (priority,
+    fair-share weight, project id) and is read from the database when not given."""
     state = CycleState(epoch=epoch)
-    queues = {
-        pk: (prio, weight, project)
-        for pk, prio, weight, project in Queue.objects.values_list(
-            "pk", "priority", "fair_share_weight", "project_id"
-        )
-    }
+    if queues is None:
+        queues = {
+            pk: (prio, weight, project)
+            for pk, prio, weight, project in Queue.objects.values_list(
+                "pk", "priority", "fair_share_weight", "project_id"
+            )
+        }
     state.data["queue_priority"] = {q: v[0] for q, v in queues.items()}
     state.data["queue_project"] = {q: v[2] for q, v in queues.items()}
     weights: dict[int, float] = {}

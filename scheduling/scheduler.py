@@ -65,7 +65,7 @@ def advance_simulated_jobs() -> dict[str, int]:
         state=JobState.RUNNING, attempts__active=True, attempts__cluster__kind=ClusterKind.SIMULATED
     ).values_list("pk", "started_at", "spec"):
         sim = (spec or {}).get("sim") or {}
-        duration = sim.get("durationSeconds") or default
+        duration = default if sim.get("durationSeconds") is None else sim["durationSeconds"]
         if started_at and started_at + timedelta(seconds=duration) <= now:
             code = sim.get("exitCode") or 0
             if code:

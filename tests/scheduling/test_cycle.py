@@ -1,0 +1,211 @@
+"""Scheduling cycles against the database: placements, reasons, locking, crashes, the cache."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from scheduling import cycle as cycle_module
+from scheduling.cache import SchedulerCache
+from scheduling.choices import EventKind, JobState, PendingReason
+from scheduling.cycle import LOCK_KEY, run_cycle
+from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
+from scheduling.scheduler import advance_simulated_jobs
+from scheduling.services.jobs import cancel_job
+from tests.factories import gpu_model, make_cluster, make_job, make_node, make_queue
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(owner, queue, **fields):  # noqa: ANN001, ANN201
+    """A pending job as submission leaves it: the row and its 'submitted' event (the event log
+    is how a running scheduler learns of new jobs)."""
+    job = make_job(owner, queue, **fields)
+    JobEvent.objects.create(job=job, kind=EventKind.SUBMITTED, to_state=JobState.PENDING)
+    return job
+
+
+@pytest.fixture
+def fleet():
+    a, b = make_cluster("sim-a"), make_cluster("sim-b")
+    return [make_node(a, gpus=8, name=f"a{i}") for i in range(2)] + [make_node(b, gpus=8, name="b0")]
+
+
+def test_a_cycle_places_a_job_on_exact_gpus_in_one_transaction(alice, queue, fleet):
+    job = make_job(alice, queue, gpus=4, cpu_millicores_per_node=1000, memory_bytes_per_node=2**30)
+    report = run_cycle(SchedulerCache())
+    assert report.ran and report.placed == 1 and report.epoch >= 1
+    job.refresh_from_db()
+    assert (job.state, job.attempt_count, job.reason) == (JobState.SCHEDULED, 1, "")
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.active and attempt.epoch == report.epoch and attempt.number == 1
+    rows = list(Allocation.objects.filter(attempt=attempt, active=True))
+    gpus = sorted(r.gpu.index for r in rows if r.gpu_id)
+    assert len(gpus) == 4 and len({r.node_id for r in rows}) == 1
+    node_row = next(r for r in rows if r.gpu_id is None)
+    assert (node_row.cpu_millicores, node_row.memory_bytes) == (1000, 2**30)
+    assert all(
+        r.gpu.node_id == node_row.node_id and r.gpu.model_id == job.gpu_model_id for r in rows if r.gpu_id
+    )
+    event = JobEvent.objects.get(job=job, to_state=JobState.SCHEDULED)
+    assert event.from_state == JobState.PENDING and "placed on sim-" in event.message
+    outbox = DispatchOutbox.objects.get(attempt=attempt)
+    assert (outbox.state, outbox.kind, outbox.epoch) == ("pending", "start", report.epoch)
+
+
+def test_binpacking_fills_one_node_before_the_next(alice, queue, fleet):
+    for _ in range(4):
+        make_job(alice, queue, gpus=2)
+    run_cycle(SchedulerCache())
+    nodes = set(Allocation.objects.filter(active=True, gpu__isnull=False).values_list("node_id", flat=True))
+    assert len(nodes) == 1
+
+
+def test_a_gang_lands_whole_in_one_cluster_or_not_at_all(alice, queue, fleet):
+    gang = make_job(alice, queue, gpus=8, nodes=2)
+    too_big = make_job(alice, queue, gpus=8, nodes=3)
+    run_cycle(SchedulerCache())
+    gang.refresh_from_db()
+    too_big.refresh_from_db()
+    assert gang.state == JobState.SCHEDULED
+    clusters = set(Allocation.objects.filter(job=gang).values_list("node__cluster__name", flat=True))
+    assert clusters == {"sim-a"} and Allocation.objects.filter(job=gang, gpu__isnull=False).count() == 16
+    assert too_big.state == JobState.PENDING and not Allocation.objects.filter(job=too_big).exists()
+    assert "largest has 2 ready" in too_big.reason_message
+
+
+def test_pending_jobs_are_told_why_in_a_sentence(alice, queue, fleet):
+    make_job(alice, queue, gpus=8)
+    make_job(alice, queue, gpus=8)  # sim-a is full
+    run_cycle(SchedulerCache())
+    waiting = submit(alice, queue, gpus=8, placement={"clusters": ["sim-b"]})
+    a100 = submit(alice, queue, gpus=1, model="a100")
+    cache = SchedulerCache()
+    run_cycle(cache)
+    run_cycle(cache)
+    waiting.refresh_from_db()
+    a100.refresh_from_db()
+    assert waiting.state == JobState.SCHEDULED  # sim-b still had a whole node
+    assert (a100.reason, a100.reason_message) == (
+        PendingReason.RESOURCES,
+        "0/3 nodes fit: 3 have no a100-80g",
+    )
+    blocked = submit(alice, queue, gpus=8)
+    run_cycle(cache)
+    blocked.refresh_from_db()
+    assert blocked.reason == PendingReason.RESOURCES
+    assert blocked.reason_message == "0/3 nodes fit: 3 lack 8 free h100-80g"
+
+
+def test_quota_holds_and_says_so(alice, queue, fleet):
+    QueueQuota.objects.create(queue=queue, gpu_model=gpu_model("h100"), gpus=8)
+    first, second = make_job(alice, queue, gpus=8), make_job(alice, queue, gpus=2)
+    run_cycle(SchedulerCache())
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == JobState.SCHEDULED
+    assert (second.state, second.reason) == (JobState.PENDING, PendingReason.QUOTA_EXCEEDED)
+    assert second.reason_message == "queue vision/default at 8/8 h100-80g; this job needs 2"
+
+
+def test_higher_priority_goes_first(alice, queue, vision, fleet):
+    urgent_queue = make_queue(vision, "urgent", priority=100)
+    low = make_job(alice, queue, gpus=8, priority=0)
+    high = make_job(alice, queue, gpus=8, priority=50)
+    urgent = make_job(alice, urgent_queue, gpus=8, priority=0)
+    run_cycle(SchedulerCache(), limit=2)
+    states = {j.pk: Job.objects.get(pk=j.pk).state for j in (low, high, urgent)}
+    assert states == {urgent.pk: JobState.SCHEDULED, high.pk: JobState.SCHEDULED, low.pk: JobState.PENDING}
+
+
+def test_the_cache_follows_releases_without_a_rebuild(alice, queue, fleet):
+    cache = SchedulerCache()
+    jobs = [make_job(alice, queue, gpus=8) for _ in range(3)]
+    run_cycle(cache)
+    snap = cache.snap
+    waiting = submit(alice, queue, gpus=8)
+    run_cycle(cache)
+    assert Job.objects.get(pk=waiting.pk).state == JobState.PENDING
+    cancel_job(Job.objects.get(pk=jobs[0].pk), actor=alice)
+    run_cycle(cache)
+    assert cache.snap is snap, "kept current from events, not rebuilt"
+    assert Job.objects.get(pk=waiting.pk).state == JobState.SCHEDULED
+
+
+def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch):
+    job = make_job(alice, queue, gpus=2)
+    cache = SchedulerCache()
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(cycle_module, "_insert", crash)
+    with pytest.raises(RuntimeError):
+        run_cycle(cache)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.attempt_count == 0
+    assert not JobAttempt.objects.exists() and not Allocation.objects.exists()
+    assert cache.snap is None, "assumed decisions are forgotten with the transaction"
+    monkeypatch.undo()
+    assert run_cycle(cache).placed == 1
+
+
+def test_a_job_cancelled_during_the_cycle_loses_its_placement(alice, queue, fleet, monkeypatch):
+    job = make_job(alice, queue, gpus=2)
+    real_claim = cycle_module._claim
+
+    def cancel_first(jobs):
+        Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+        return real_claim(jobs)
+
+    monkeypatch.setattr(cycle_module, "_claim", cancel_first)
+    report = run_cycle(SchedulerCache())
+    assert (report.placed, report.lost_races) == (0, 1)
+    assert not JobAttempt.objects.exists() and not Allocation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_concurrent_cycle_writes_nothing(alice, queue, fleet):
+    if connection.vendor != "postgresql":
+        pytest.skip("the advisory lock is PostgreSQL's")
+    job = make_job(alice, queue, gpus=1)
+    holding, release = threading.Event(), threading.Event()
+
+    def other_cycle():
+        other = connections.create_connection("default")
+        with other.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            holding.set()
+            release.wait(10)
+            cursor.execute("ROLLBACK")
+        other.close()
+
+    thread = threading.Thread(target=other_cycle)
+    thread.start()
+    holding.wait(10)
+    try:
+        report = run_cycle(SchedulerCache())
+    finally:
+        release.set()
+        thread.join()
+    assert not report.ran and report.placed == 0
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    assert not JobAttempt.objects.exists()
+    assert run_cycle(SchedulerCache()).placed == 1  # the lock died with the other transaction
+
+
+def test_simulated_clusters_run_what_is_placed_on_them(alice, queue, fleet):
+    job = make_job(alice, queue, gpus=2, spec={"sim": {"durationSeconds": 0, "exitCode": 0}})
+    failing = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 0, "exitCode": 3}})
+    run_cycle(SchedulerCache())
+    assert advance_simulated_jobs() == {"started": 2, "finished": 1, "failed": 1}  # zero-second jobs
+    assert advance_simulated_jobs() == {"started": 0, "finished": 0, "failed": 0}
+    job.refresh_from_db()
+    failing.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
+    assert (failing.state, failing.exit_code) == (JobState.FAILED, 3)
+    assert not Allocation.objects.filter(active=True).exists()
+    assert DispatchOutbox.objects.filter(state="sent").count() == 2
