@@ -37,7 +37,7 @@ from clusters.live import publish_on_commit
 from clusters.performance import collector_paused
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
 from scheduling.framework import CycleState, JobView, NodeChoice, Placement, Status
-from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, PENDING_JOBS
+from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
 from scheduling.policies import Profile, active_profile
 from scheduling.queue import JobClass
@@ -121,8 +121,28 @@ def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
     ATTEMPTS.labels("scheduled").inc(report.placed)
     ATTEMPTS.labels("lost_race").inc(report.lost_races)
     ATTEMPTS.labels("unschedulable").inc(sum(len(b.cls) for b in blocked))
-    PENDING_JOBS.set(report.pending)
+    _gauges(cache)
     return report
+
+
+def _gauges(cache: Any) -> None:
+    """Pending jobs by queue and GPUs by model and cluster, from the cache (no queries)."""
+    snap = cache.snap
+    if snap is None:
+        return
+    waiting: dict[int, int] = defaultdict(int)
+    for cls in cache.queue:
+        waiting[cls.shape[0]] += len(cls)
+    for queue_id, name in snap.queue_names.items():
+        PENDING_JOBS.labels(name).set(waiting.get(queue_id, 0))
+    with_gpus = snap.model >= 0
+    for c, cluster in enumerate(snap.cluster_names):
+        for m, model in enumerate(snap.model_names):
+            rows = with_gpus & (snap.cluster == c) & (snap.model == m)
+            if rows.any():
+                total = int(snap.gpu_total[rows].sum())
+                GPUS.labels(model, cluster, "total").set(total)
+                GPUS.labels(model, cluster, "allocated").set(total - int(snap.gpu_free[rows].sum()))
 
 
 @contextmanager

@@ -221,3 +221,54 @@ def _jobs(users: dict[str, AbstractUser], queues: dict[str, Queue]) -> None:
         bind_job(j, [NodePlacement(sim_b[2], [0])])
         transition_job(j.pk, JobState.RUNNING)
         transition_job(j.pk, JobState.SUCCEEDED, exit_code=0)
+
+
+DEMO_WORKLOAD = [
+    # (user, project, queue, name, gpus, nodes, seconds)
+    ("alice", "vision", "default", "train-detector", "h100:8", 1, 150),
+    ("alice", "vision", "default", "finetune", "h100:2", 1, 60),
+    ("alice", "vision", "interactive", "notebook", "h100:1", 1, 90),
+    ("bob", "nlp", "default", "pretrain-shard", "a100:8", 2, 180),
+    ("bob", "nlp", "default", "eval-suite", "a100:1", 1, 45),
+    ("bob", "nlp", "batch", "embed-corpus", "l40s:4", 1, 120),
+]
+
+
+def submit_demo_jobs(count: int = 2) -> int:
+    """Submit a few jobs of the demo's kind through the same path as the API (spec → checks
+    → submission), so ``make demo`` keeps moving. Returns how many were accepted."""
+    import random
+
+    from portal.access import submission_queue
+    from scheduling.services.jobs import TooManyPending, submit_jobs
+    from scheduling.services.submission import build_requests
+    from scheduling.spec import SpecError, parse_job_spec
+
+    User = get_user_model()
+    accepted = 0
+    for _ in range(count):
+        user, project, queue, name, gpus, nodes, seconds = random.choice(DEMO_WORKLOAD)
+        actor = User.objects.get(username=user)
+        document = {
+            "apiVersion": "orrery/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{name}-{random.randint(100, 999)}", "project": project},
+            "spec": {
+                "queue": queue,
+                "resources": {"gpus": gpus, "nodes": nodes, "cpus": 8, "memory": "64Gi"},
+                "run": f"python {name}.py",
+                "timeLimit": "1h",
+                "sim": {
+                    "duration": f"{int(seconds * random.uniform(0.5, 1.5))}s",
+                    "exitCode": 1 if random.random() < 0.1 else 0,
+                },
+            },
+        }
+        try:
+            spec = parse_job_spec(document)
+            requests = build_requests(spec, submission_queue(actor, spec.project, spec.queue))
+            submit_jobs(requests, actor=actor)
+            accepted += 1
+        except (SpecError, TooManyPending):
+            continue
+    return accepted

@@ -31,6 +31,7 @@ from scheduling.choices import (
 from scheduling.events import JobsSubmitted
 from scheduling.models import Job, JobEvent, Queue
 from scheduling.services.transitions import transition_job
+from scheduling.wakeup import request_cycle
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def submit_jobs(
             )
             for project_id, ids in _ids_by_project(jobs).items():
                 publish_on_commit([f"project.{project_id}"], JobsSubmitted(project_id, ids[:100], len(ids)))
+            request_cycle()
     except IntegrityError:
         if not idempotency_key:
             raise

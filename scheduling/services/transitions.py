@@ -45,6 +45,7 @@ from scheduling.choices import (
 )
 from scheduling.events import JobsChanged, JobStateChanged, job_groups
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent
+from scheduling.wakeup import request_cycle
 
 S = JobState
 _END = frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED, S.PREEMPTED})
@@ -170,12 +171,14 @@ def _follow_attempt(
 
 
 def release_allocations(attempt_id: Any, now: Any) -> list[int]:
-    """Release every active allocation of an attempt; returns the ids of the nodes it freed."""
+    """Release every active allocation of an attempt; returns the ids of the nodes it freed.
+    Freed capacity wakes the scheduler."""
     rows = Allocation.objects.filter(attempt_id=attempt_id, active=True)
     node_ids = sorted(set(rows.values_list("node_id", flat=True)))
     rows.update(active=False, released_at=now)
     if node_ids:
         settle_draining_nodes(node_ids)
+        request_cycle()
     return node_ids
 
 
@@ -237,6 +240,7 @@ def transition_jobs(
                 nodes = sorted(set(held.values_list("node_id", flat=True)))
                 held.update(active=False, released_at=now)
                 settle_draining_nodes(nodes)
+                request_cycle()
         JobEvent.objects.bulk_create(
             JobEvent(
                 job_id=pk,

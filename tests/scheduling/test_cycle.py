@@ -19,7 +19,7 @@ from tests.factories import gpu_model, make_cluster, make_job, make_node, make_q
 pytestmark = pytest.mark.django_db
 
 
-def submit(owner, queue, **fields):  # noqa: ANN001, ANN201
+def submit(owner, queue, **fields):
     """A pending job as submission leaves it: the row and its 'submitted' event (the event log
     is how a running scheduler learns of new jobs)."""
     job = make_job(owner, queue, **fields)

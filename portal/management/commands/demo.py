@@ -10,11 +10,12 @@ import time
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 
 from clusters.selectors import simulated_fleet
 from clusters.simulator import FleetSimulator, SimulatorError
 from portal.embedded import start_embedded_timers
-from portal.services.demo import DEMO_USERS, DemoRefused, seed_demo
+from portal.services.demo import DEMO_USERS, DemoRefused, seed_demo, submit_demo_jobs
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Command(BaseCommand):
             threading.Thread(
                 target=self._simulate, args=(host, port, stop), name="simulator", daemon=True
             ).start()
+            threading.Thread(target=self._workload, args=(stop,), name="workload", daemon=True).start()
         # Imported late: the ASGI application needs the app registry ready.
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
@@ -88,3 +90,13 @@ class Command(BaseCommand):
             return
         threading.Thread(target=lambda: (stop.wait(), simulator.stop()), daemon=True).start()
         simulator.run()
+
+    def _workload(self, stop: threading.Event) -> None:
+        """A trickle of new jobs, so the demo fleet fills and drains as a real one does."""
+        while not stop.wait(15.0):
+            try:
+                submit_demo_jobs(2)
+            except Exception:
+                log.exception("the demo workload could not submit")
+            finally:
+                close_old_connections()

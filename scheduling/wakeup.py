@@ -1,0 +1,31 @@
+"""Waking the scheduler early: a submission or freed capacity asks for a cycle now instead of
+at the next beat. Asks are debounced (one per second), and a cycle task that waits longer than
+a few seconds expires instead of running late: a late cycle never queues a second one."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+_KEY = "orrery:cycle-requested"
+
+
+def request_cycle() -> None:
+    """After the current transaction commits, ask for a scheduling cycle. In the embedded
+    default the in-process timer runs a cycle every second anyway."""
+    if settings.REDIS_URL:
+        transaction.on_commit(_ask)
+
+
+def _ask() -> None:
+    from scheduling.tasks import scheduling_cycle_task
+
+    try:
+        if cache.add(_KEY, 1, timeout=1):
+            scheduling_cycle_task.apply_async(expires=5)
+    except Exception:  # the beat runs a cycle every second regardless
+        log.warning("could not wake the scheduler early", exc_info=True)
