@@ -36,7 +36,7 @@ from django.utils import timezone
 from clusters.live import publish_on_commit
 from clusters.performance import collector_paused
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
-from scheduling.framework import CycleState, JobView, NodeChoice, Placement, Status
+from scheduling.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
 from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
 from scheduling.policies import Profile, active_profile
@@ -218,8 +218,15 @@ def decide(
     blocked: list[Blocked] = []
     counter = len(heap)
     while heap and len(decisions) < limit:
-        _, _, cls = heapq.heappop(heap)
+        stale_key, _, cls = heapq.heappop(heap)
         if not len(cls):
+            continue
+        # Keys can go stale (a placement raises a project's fair share): re-key lazily, and go
+        # back in line if another class now comes first.
+        fresh = key(cls)
+        if heap and fresh != stale_key and fresh > heap[0][0]:
+            counter += 1
+            heapq.heappush(heap, (fresh, counter, cls))
             continue
         job = cls.head
         # A class found not to fit, with nothing changed in the snapshot since (no placement,
@@ -229,17 +236,20 @@ def decide(
             blocked.append(Blocked(cls, verdict[2]))
             continue
         status = next((s for p in profile.pre_filter if not (s := p.pre_filter(state, snap, job)).ok), None)
+        placement = None
         if status is None:
             mask = _class_mask(profile, state, snap, job, masks)
             placement = select(profile, state, snap, job, mask)
             if placement is None:
                 status = _why(profile, state, snap, job)
+                for plugin in profile.post_filter:  # preemption's extension point
+                    plugin.post_filter(state, snap, job)
+        if placement is not None:
+            status = _reserve(profile, state, snap, placement)
         if status is not None:
             cache.verdicts[cls.shape] = (snap, len(snap.changed), status)
             blocked.append(Blocked(cls, status))
             continue
-        for plugin in profile.reserve:
-            plugin.reserve(state, snap, placement)
         cache.queue.pop_head(cls)
         cache.assume(job, [(c.row, c.gpu_indices) for c in placement.nodes], job.queue_id)
         decisions.append(placement)
@@ -247,6 +257,19 @@ def decide(
             counter += 1
             heapq.heappush(heap, (key(cls), counter, cls))
     return decisions, blocked
+
+
+def _reserve(profile: Profile, state: CycleState, snap: Any, placement: Placement) -> Status | None:
+    """Run every Reserve plugin; if one refuses, undo the ones before it and say why."""
+    done = []
+    for plugin in profile.reserve:
+        status = plugin.reserve(state, snap, placement)
+        if not status.ok:
+            for earlier in reversed(done):
+                earlier.unreserve(state, snap, placement)
+            return status
+        done.append(plugin)
+    return None
 
 
 def _class_mask(
@@ -330,7 +353,7 @@ def _why(profile: Profile, state: CycleState, snap: Any, job: JobView) -> Status
     reason = PendingReason.RESOURCES
     if stopped_by and set(stopped_by) <= {"node_state", "cluster_affinity"}:
         reason = PendingReason.CLUSTER_UNAVAILABLE
-    return Status(reason=reason, message=message)
+    return Status(Code.UNSCHEDULABLE, reason, message)
 
 
 # --- 4. commit -------------------------------------------------------------------------------
@@ -495,26 +518,28 @@ def _sqlite_value(value: Any) -> Any:
 def explain(cache: Any, blocked: list[Blocked]) -> None:
     """Tell waiting jobs why, in as few writes as possible: only when a class's reason changed
     (its counts at most every 10 s), and at most ``ORRERY_SCHEDULER_EXPLAIN_BUDGET`` jobs a
-    cycle — the rest are told in the next cycles."""
+    cycle — a class too large for one cycle is told in slices, in the cycles that follow."""
     now = time.monotonic()
     budget = settings.ORRERY_SCHEDULER_EXPLAIN_BUDGET
     for b in blocked:
         if budget <= 0:
             break
         shape = b.cls.shape
-        reason = b.status.reason or PendingReason.RESOURCES
-        message = b.status.message[:512]
-        ids = [job.id for _, job in b.cls.jobs]
-        last = cache.explained.get(shape)
-        if last and last[0] == (reason, message) and last[2] >= len(ids) and now - last[1] < EXPLAIN_EVERY_S:
-            continue
-        if last and last[0][0] == reason and last[2] >= len(ids) and now - last[1] < EXPLAIN_EVERY_S:
-            continue  # the same reason with new counts: not worth rewriting every job yet
-        ids = ids[:budget]
+        said = ((b.status.reason or PendingReason.RESOURCES), b.status.message[:512])
+        last = cache.explained.get(shape)  # (what was said, when it was finished, jobs, told so far)
+        if (
+            last is not None
+            and last[3] >= len(b.cls)
+            and now - last[1] < EXPLAIN_EVERY_S
+            and last[0][0] == said[0]
+        ):
+            continue  # told, and the reason is the same (counts in the sentence may have moved)
+        told = last[3] if last is not None and last[0] == said and last[3] < last[2] else 0
+        ids = [job.id for _, job in b.cls.jobs[told : told + budget]]
         budget -= len(ids)
-        _set_reasons(ids, reason, message)
-        if budget > 0:  # the whole class was told
-            cache.explained[shape] = ((reason, message), now, len(b.cls))
+        _set_reasons(ids, *said)
+        told += len(ids)
+        cache.explained[shape] = (said, now, len(b.cls), told)
 
 
 def _set_reasons(ids: list[int], reason: str, message: str) -> None:

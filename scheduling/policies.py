@@ -86,6 +86,18 @@ def build_profile(config: dict[str, Any], registry: dict[str, type] | None = Non
             plugins.append(registry[name](**args.get(name, {})))
         except TypeError as exc:
             raise ImproperlyConfigured(f"scheduler profile: bad arguments for {name}: {exc}") from None
+    points = (QueueSortPlugin, PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, PostFilterPlugin)
+    for plugin in plugins:
+        if not any(isinstance(plugin, point) for point in points):
+            raise ImproperlyConfigured(
+                f"scheduler profile: {plugin.name} implements no extension point completely "
+                "(a Filter needs filter() and explain(), a Reserve reserve() and unreserve())"
+            )
+    not_scoring = [
+        n for n, p in zip(names, plugins, strict=True) if n in weights and not isinstance(p, ScorePlugin)
+    ]
+    if not_scoring:
+        raise ImproperlyConfigured(f"scheduler profile: weights for plugins that do not score: {not_scoring}")
     scorers = []
     for plugin in plugins:
         if isinstance(plugin, ScorePlugin):

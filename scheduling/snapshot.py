@@ -16,9 +16,10 @@ import numpy as np
 class QuotaBook:
     """GPUs held per (queue, model row index) against nominal quota, with cohorts.
 
-    A queue with no quota rows at all is not limited. Otherwise it may hold up to its nominal
-    quota of a model, and borrow beyond it what the other queues of its cohort leave unused,
-    up to its borrowing limit (None = no limit)."""
+    A queue with no quota rows at all is not limited (and takes no part in its cohort's sums).
+    Otherwise it may hold up to its nominal quota of a model, and borrow beyond it what its
+    cohort leaves unused, up to its borrowing limit (None = no limit): the queues of a cohort
+    together never hold more than the sum of their nominal quotas."""
 
     limited: set[int] = field(default_factory=set)
     nominal: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -28,23 +29,23 @@ class QuotaBook:
     members: dict[str, list[int]] = field(default_factory=dict)
 
     def headroom(self, queue: int, model: int) -> int:
-        """How many more GPUs of ``model`` the queue may hold now (a large number if unlimited)."""
+        """How many more GPUs of ``model`` the queue may hold now (a large number if unlimited).
+
+        Alone, a queue may fill its nominal quota. In a cohort, it may use whatever of the
+        cohort's quota is unused — its own and what the others leave idle, minus what anyone
+        already borrowed — but no more than its nominal quota plus its borrowing limit."""
         if queue not in self.limited:
             return 1 << 30
         key = (queue, model)
-        own = self.nominal.get(key, 0) - self.used.get(key, 0)
+        nominal, used = self.nominal.get(key, 0), self.used.get(key, 0)
         cohort = self.cohort_of.get(queue)
         if not cohort:
-            return max(own, 0)
-        lendable = sum(
-            max(self.nominal.get((q, model), 0) - self.used.get((q, model), 0), 0)
-            for q in self.members[cohort]
-            if q != queue
-        )
-        borrowed = max(self.used.get(key, 0) - self.nominal.get(key, 0), 0)
+            return max(nominal - used, 0)
+        members = [q for q in self.members[cohort] if q in self.limited]
+        cohort_free = sum(self.nominal.get((q, model), 0) - self.used.get((q, model), 0) for q in members)
         limit = self.borrowing_limit.get(key)
-        may_borrow = lendable if limit is None else min(lendable, max(limit - borrowed, 0))
-        return max(own, 0) + may_borrow
+        ceiling = cohort_free if limit is None else min(cohort_free, nominal + limit - used)
+        return max(ceiling, 0)
 
     def add(self, queue: int, model: int, gpus: int) -> None:
         key = (queue, model)

@@ -209,3 +209,17 @@ def test_simulated_clusters_run_what_is_placed_on_them(alice, queue, fleet):
     assert (failing.state, failing.exit_code) == (JobState.FAILED, 3)
     assert not Allocation.objects.filter(active=True).exists()
     assert DispatchOutbox.objects.filter(state="sent").count() == 2
+
+
+def test_a_large_class_is_told_why_in_slices(alice, queue, fleet, settings):
+    settings.ORRERY_SCHEDULER_EXPLAIN_BUDGET = 2
+    jobs = [make_job(alice, queue, gpus=1, model="a100") for _ in range(5)]
+    cache = SchedulerCache()
+    told = []
+    for _ in range(3):
+        run_cycle(cache)
+        told.append(Job.objects.filter(pk__in=[j.pk for j in jobs], reason=PendingReason.RESOURCES).count())
+    assert told == [2, 4, 5]
+    assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("reason_message", flat=True)) == {
+        "0/3 nodes fit: 3 have no a100-80g"
+    }

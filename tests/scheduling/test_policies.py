@@ -64,9 +64,19 @@ def test_a_registered_plugin_takes_part_with_its_weight_and_arguments():
         ({"plugins": ["node_state", "binpack"], "weights": {"binpack": -1}}, "weight of binpack"),
         ({"plugins": ["binpack"]}, "at least one filter plugin"),
         ({"plugins": ["node_state", "node_state"]}, "listed twice"),
+        ({"plugins": ["node_state"], "weights": {"node_state": 2}}, "weights for plugins that do not score"),
         ({"plugins": ["node_state"], "wieghts": {}}, "unknown key(s)"),
     ],
-    ids=["unknown-plugin", "stray-weight", "bad-args", "negative-weight", "no-filter", "twice", "typo"],
+    ids=[
+        "unknown-plugin",
+        "stray-weight",
+        "bad-args",
+        "negative-weight",
+        "no-filter",
+        "twice",
+        "not-scoring",
+        "typo",
+    ],
 )
 def test_bad_profiles_fail_at_start_up(config, words):
     with pytest.raises(ImproperlyConfigured) as exc:
@@ -76,3 +86,15 @@ def test_bad_profiles_fail_at_start_up(config, words):
 
 def test_registry_keys_are_plugin_names():
     assert all(cls.name == key for key, cls in REGISTRY.items())
+
+
+class HalfAFilter:
+    name: ClassVar[str] = "half_a_filter"
+
+    def filter(self, state, snap, job, rows):
+        return rows >= 0
+
+
+def test_a_plugin_missing_part_of_its_extension_point_is_refused():
+    with pytest.raises(ImproperlyConfigured, match="half_a_filter implements no extension point"):
+        build_profile({"plugins": ["node_state", "half_a_filter"]}, REGISTRY | {"half_a_filter": HalfAFilter})

@@ -106,13 +106,17 @@ def test_decisions_keep_every_invariant(nodes, jobs, quota, limit):
     assert all(cpu_used[r] <= before_cpu[r] for r in cpu_used), "no cpu overcommit"
     assert (snap.gpu_free >= 0).all() and (snap.cpu_free >= 0).all()
     for (queue, model), gpus in used.items():
-        if queue in book.limited:
-            nominal = book.nominal.get((queue, model), 0)
-            lendable = sum(book.nominal.get((q, model), 0) for q in book.members["c"] if q != queue)
-            ceiling = nominal + (lendable if queue in book.cohort_of else 0)
-            if limit is not None:
-                ceiling = min(ceiling, nominal + limit)
-            assert gpus <= max(ceiling, nominal), f"queue {queue} holds {gpus} of model {model}"
+        if queue not in book.limited:
+            continue
+        nominal = book.nominal.get((queue, model), 0)
+        if queue not in book.cohort_of:
+            assert gpus <= nominal, f"queue {queue} holds {gpus} of model {model}, quota {nominal}"
+        elif limit is not None:
+            assert gpus <= nominal + limit, f"queue {queue} borrowed past its limit"
+    for model in (0, 1):
+        members = [q for q in book.members["c"] if q in book.limited]
+        held = sum(used.get((q, model), 0) for q in members)
+        assert held <= sum(book.nominal.get((q, model), 0) for q in members), "a cohort went past its quota"
     # Within a class, a job is placed only if every higher-priority (then older) job of it was.
     placed = {p.job.id for p in placements}
     by_shape = defaultdict(list)
