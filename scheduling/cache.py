@@ -262,6 +262,34 @@ class SchedulerCache:
                     self.rebuild()
                     return
                 snap.set_ready(row, state == NodeState.READY and cluster_id in usable)
+            self._refresh_gpu_health(ids)
+
+    def _refresh_gpu_health(self, node_ids: set[int]) -> None:
+        """Healthy GPUs of these nodes, from the database: a GPU turning unhealthy leaves the free
+        mask (if it is held, it stays held until its job ends); one turning healthy joins it."""
+        snap = self.snap
+        assert snap is not None
+        healthy: dict[int, set[int]] = {snap.row_of[n]: set() for n in node_ids if n in snap.row_of}
+        for node_id, index, health in GpuDevice.objects.filter(node_id__in=list(node_ids)).values_list(
+            "node_id", "index", "health"
+        ):
+            row = snap.row_of.get(node_id)
+            if row is not None and health == GpuHealth.HEALTHY and index < 64:
+                healthy[row].add(index)
+        held_by_row: dict[int, set[int]] = defaultdict(set)
+        for counted in self.held.values():
+            for h in counted:
+                if h.gpu >= 0 and h.row in healthy:
+                    held_by_row[h.row].add(h.gpu)
+        for row, indices in healthy.items():
+            bits = 0
+            for i in indices - held_by_row[row]:
+                bits |= 1 << i
+            if int(snap.free_bits[row]) != bits or int(snap.gpu_total[row]) != len(indices):
+                snap.free_bits[row] = np.uint64(bits)
+                snap.gpu_free[row] = bin(bits).count("1")
+                snap.gpu_total[row] = len(indices)
+                snap.changed.append(row)
 
     def refresh_jobs(self, job_ids: set[int]) -> None:
         """Bring the cache in line with the database for these jobs: pending or not, holding

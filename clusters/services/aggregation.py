@@ -33,14 +33,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
-from clusters.models import GpuDevice, MetricPoint, Node, NodeLastSeen
+from clusters.models import GpuDevice, MetricPoint, Node, NodeEvent, NodeLastSeen
 from clusters.performance import collector_paused
 
 log = logging.getLogger(__name__)
@@ -207,21 +207,36 @@ def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
                     _pg_text_array(a for _, _, a in nodes),
                 ],
             )
-        if gpu_nodes:
-            # Everything reported healthy first, then the GPUs reported unhealthy: two small
-            # statements, and only for nodes whose GPU facts changed.
-            cursor.execute(
-                f"UPDATE clusters_gpudevice SET health = %s, health_reason = '' WHERE health <> %s "
-                f"AND node_id IN ({','.join(['%s'] * len(gpu_nodes))})",
-                [GpuHealth.HEALTHY, GpuHealth.HEALTHY, *gpu_nodes],
-            )
-        for node_id, index, xid in unhealthy:
+    if gpu_nodes:
+        _write_gpu_health(gpu_nodes, {(n, i): xid for n, i, xid in unhealthy})
+
+
+def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], int | None]) -> None:
+    """Set GPU health to what the nodes report, and log each change as a NodeEvent: the event
+    log is how the scheduler's cache learns that a GPU may no longer (or may again) be used."""
+    current = GpuDevice.objects.filter(node_id__in=node_ids).values_list("pk", "node_id", "index", "health")
+    changes: dict[int, list[str]] = defaultdict(list)
+    for pk, node_id, index, health in current:
+        bad = (node_id, index) in unhealthy
+        if bad and health != GpuHealth.UNHEALTHY:
+            xid = unhealthy[(node_id, index)]
             reason = f"reported unhealthy (XID {xid})" if xid is not None else "reported unhealthy"
-            cursor.execute(
-                "UPDATE clusters_gpudevice SET health = %s, health_reason = %s, last_xid = COALESCE(%s, last_xid) "
-                'WHERE node_id = %s AND "index" = %s',
-                [GpuHealth.UNHEALTHY, reason, xid, node_id, index],
+            GpuDevice.objects.filter(pk=pk).update(
+                health=GpuHealth.UNHEALTHY,
+                health_reason=reason,
+                last_xid=xid if xid is not None else F("last_xid"),
             )
+            changes[node_id].append(f"GPU {index} {reason}")
+        elif not bad and health != GpuHealth.HEALTHY:
+            GpuDevice.objects.filter(pk=pk).update(health=GpuHealth.HEALTHY, health_reason="")
+            changes[node_id].append(f"GPU {index} healthy again")
+    if changes:
+        states = dict(Node.objects.filter(pk__in=list(changes)).values_list("pk", "state"))
+        NodeEvent.objects.bulk_create(
+            NodeEvent(node_id=n, from_state=states[n], to_state=states[n], reason="; ".join(words)[:255])
+            for n, words in changes.items()
+            if n in states
+        )
 
 
 class _Catalog:

@@ -223,3 +223,43 @@ def test_a_large_class_is_told_why_in_slices(alice, queue, fleet, settings):
     assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("reason_message", flat=True)) == {
         "0/3 nodes fit: 3 have no a100-80g"
     }
+
+
+def test_a_gpu_reported_unhealthy_is_not_handed_out(alice, queue, fleet):
+    from clusters.ingest.buffer import get_buffer
+    from clusters.services.aggregation import flush_heartbeats
+
+    cache = SchedulerCache()
+    run_cycle(cache)  # the cache is built
+    a0 = fleet[0]
+    gpus = [
+        [i, "", "", 0, 0, 0.0, 0.0, 0.0, "unhealthy" if i < 6 else "healthy", 79 if i < 6 else None]
+        for i in range(8)
+    ]
+    get_buffer().put(
+        [
+            {
+                "n": a0.pk,
+                "c": a0.cluster_id,
+                "b": "b",
+                "q": 1,
+                "t": __import__("time").time(),
+                "s": "",
+                "cpu": 0.1,
+                "mem": 1,
+                "pw": 1.0,
+                "av": "x",
+                "g": gpus,
+                "r": [],
+            }
+        ]
+    )
+    flush_heartbeats()
+    assert a0.events.filter(reason__contains="GPU 0 reported unhealthy (XID 79)").exists()
+    job = submit(alice, queue, gpus=3, placement={"clusters": ["sim-a"]})
+    run_cycle(cache)
+    held = set(
+        Allocation.objects.filter(job=job, gpu__isnull=False).values_list("gpu__node_id", "gpu__index")
+    )
+    assert held and all(node != a0.pk or index >= 6 for node, index in held)
+    assert cache.snap.gpu_total[cache.snap.row_of[a0.pk]] == 2
