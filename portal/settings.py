@@ -268,22 +268,8 @@ ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10
 ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "")
 
 # The scheduler (scheduling/policies.py documents the profile).
-ORRERY_SCHEDULER_PROFILE = {
-    "plugins": [
-        "priority",
-        "fair_share",
-        "quota",
-        "gang",
-        "node_state",
-        "gpu_model",
-        "cluster_affinity",
-        "selectors",
-        "resources_fit",
-        "binpack",
-    ],
-    "weights": {"binpack": 1.0},
-    "args": {},
-}
+# None: the default profile (scheduling.policies.DEFAULT_PROFILE); or a dict of the same shape.
+ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))

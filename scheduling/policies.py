@@ -124,5 +124,5 @@ _profile: Profile | None = None
 def active_profile() -> Profile:
     global _profile
     if _profile is None:
-        _profile = build_profile(settings.ORRERY_SCHEDULER_PROFILE)
+        _profile = build_profile(settings.ORRERY_SCHEDULER_PROFILE or DEFAULT_PROFILE)
     return _profile

@@ -193,38 +193,38 @@ def register_node(join_token: str, description: NodeDescription) -> tuple[Node, 
 
 
 def authenticate_node(plaintext: str) -> NodeIdentity:
-    key = digest(plaintext)
-    identity = _identities.get(key)
-    if identity is None:
-        row = (
-            NodeCredential.objects.filter(digest=key, revoked_at__isnull=True)
-            .values_list("node_id", "node__name", "node__cluster_id")
-            .first()
-        )
-        if row is None:
-            raise CredentialRefused("unknown or revoked node credential")
-        identity = NodeIdentity(*row)
-        _identities.put(key, identity)
-    if not isinstance(identity, NodeIdentity):
-        raise CredentialRefused("not a node credential")
-    return identity
+    return _identity(
+        plaintext,
+        NodeIdentity,
+        NodeCredential.objects.filter(revoked_at__isnull=True).values_list(
+            "node_id", "node__name", "node__cluster_id"
+        ),
+    )
 
 
 def authenticate_cluster(plaintext: str) -> ClusterIdentity:
+    return _identity(
+        plaintext,
+        ClusterIdentity,
+        ClusterCredential.objects.filter(revoked_at__isnull=True).values_list("cluster_id", "cluster__name"),
+    )
+
+
+def _identity(plaintext: str, kind: type, live: Any) -> Any:
+    """Who a live credential of ``kind`` speaks for: from the process cache, or one indexed
+    read of its digest; ``CredentialRefused`` otherwise."""
     key = digest(plaintext)
     identity = _identities.get(key)
     if identity is None:
-        row = (
-            ClusterCredential.objects.filter(digest=key, revoked_at__isnull=True)
-            .values_list("cluster_id", "cluster__name")
-            .first()
-        )
+        row = live.filter(digest=key).first()
         if row is None:
-            raise CredentialRefused("unknown or revoked cluster credential")
-        identity = ClusterIdentity(*row)
+            raise CredentialRefused(
+                f"unknown or revoked {kind.__name__.removesuffix('Identity').lower()} credential"
+            )
+        identity = kind(*row)
         _identities.put(key, identity)
-    if not isinstance(identity, ClusterIdentity):
-        raise CredentialRefused("not a cluster credential")
+    if not isinstance(identity, kind):
+        raise CredentialRefused(f"not a {kind.__name__.removesuffix('Identity').lower()} credential")
     return identity
 
 

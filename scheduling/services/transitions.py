@@ -111,18 +111,7 @@ def transition_job(
         if current not in allowed:
             raise InvalidTransition(job_id, current, to)
         now = timezone.now()
-        changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
-        if to in WAITING_STATES:
-            changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
-            changes["reason_message"] = message
-        else:
-            changes["reason"], changes["reason_message"] = "", ""
-        if to == S.RUNNING:
-            changes["started_at"] = now
-        if to in TERMINAL_STATES:
-            changes["finished_at"] = now
-        if exit_code is not None:
-            changes["exit_code"] = exit_code
+        changes = _job_changes(to, now, reason=reason, message=message, exit_code=exit_code)
         updated = Job.objects.filter(pk=job_id, state__in=allowed, version=version).update(**changes)
         if updated != 1:
             raise TransitionConflict(f"job {job_id} changed while moving {current} → {to}; decide again.")
@@ -144,6 +133,24 @@ def transition_job(
             JobStateChanged(job.pk, job.project_id, current, to, job.reason, now.isoformat()),
         )
     return job
+
+
+def _job_changes(to: str, now: Any, *, reason: str, message: str, exit_code: int | None) -> dict[str, Any]:
+    """The columns a move to ``to`` sets: state and version, the pending reason (only while
+    waiting), start and finish times, the exit code."""
+    changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
+    if to in WAITING_STATES:
+        changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
+        changes["reason_message"] = message
+    else:
+        changes["reason"], changes["reason_message"] = "", ""
+    if to == S.RUNNING:
+        changes["started_at"] = now
+    if to in TERMINAL_STATES:
+        changes["finished_at"] = now
+    if exit_code is not None:
+        changes["exit_code"] = exit_code
+    return changes
 
 
 def _follow_attempt(
@@ -211,18 +218,7 @@ def transition_jobs(
         moved = [pk for pk, _ in rows]
         if not moved:
             return []
-        changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
-        if to in WAITING_STATES:
-            changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
-            changes["reason_message"] = message
-        else:
-            changes["reason"], changes["reason_message"] = "", ""
-        if to == S.RUNNING:
-            changes["started_at"] = now
-        if to in TERMINAL_STATES:
-            changes["finished_at"] = now
-        if exit_code is not None:
-            changes["exit_code"] = exit_code
+        changes = _job_changes(to, now, reason=reason, message=message, exit_code=exit_code)
         Job.objects.filter(pk__in=moved, state=only_from).update(**changes)
 
         attempts = dict(JobAttempt.objects.filter(job_id__in=moved, active=True).values_list("job_id", "pk"))
