@@ -265,7 +265,10 @@ ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
 ORRERY_GPU_ALLOCATION = "scheduling.selectors.allocated_gpu_counts"
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
 # Called (after commit) with the ids of nodes that just went down: the job failover policy.
-ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "")
+ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "scheduling.agentwork.handle_node_lost")
+# The native cluster kind: what agents are told to run, and where their reports go.
+ORRERY_AGENT_DESIRED = "scheduling.agentwork.desired_for_node"
+ORRERY_AGENT_REPORTS = "scheduling.agentwork.apply_reports"
 
 # The scheduler (scheduling/policies.py documents the profile).
 # None: the default profile (scheduling.policies.DEFAULT_PROFILE); or a dict of the same shape.

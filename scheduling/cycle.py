@@ -36,6 +36,7 @@ from django.utils import timezone
 from clusters.live import publish_on_commit
 from clusters.performance import collector_paused
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
+from scheduling.desired import forget_desired
 from scheduling.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
 from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
@@ -439,6 +440,8 @@ def commit(decisions: list[Placement], snap: Any, epoch: int) -> tuple[list[Plac
         outbox,
         DispatchOutbox,
     )
+    placed_nodes = sorted({int(snap.node_id[c.row]) for d in placed for c in d.nodes})
+    transaction.on_commit(lambda: forget_desired(placed_nodes))
     by_project: dict[int, list[int]] = defaultdict(list)
     for d in placed:
         by_project[d.job.project_id].append(d.job.id)

@@ -343,3 +343,27 @@ class DispatchOutbox(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.attempt_id} on {self.cluster_id}: {self.state}"
+
+
+class JobLog(models.Model):
+    """The output of one attempt on one node, as its agent shipped it: the newest
+    ``MAX_BYTES`` are kept (older output is dropped from the front), with the offset of the
+    first byte kept so a resent chunk is recognised and not stored twice."""
+
+    MAX_BYTES = 1 << 20
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="logs")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs", db_constraint=False)
+    node = models.CharField(max_length=120)
+    start = models.BigIntegerField(default=0, help_text="Offset in the stream of the first byte kept.")
+    end = models.BigIntegerField(default=0, help_text="Offset just past the last byte received.")
+    text = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "node"], name="joblog_one_per_attempt_node")
+        ]
+
+    def __str__(self) -> str:
+        return f"log of {self.attempt_id} on {self.node}"

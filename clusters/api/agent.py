@@ -16,9 +16,11 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from clusters.choices import ClusterKind
 from clusters.ingest.buffer import get_buffer
 from clusters.ingest.records import ReportError, node_name, parse_report
 from clusters.metrics import REPORTS
@@ -28,6 +30,7 @@ from clusters.services.credentials import (
     CredentialRefused,
     GpuDescription,
     NodeDescription,
+    NodeIdentity,
     authenticate_cluster,
     authenticate_node,
     register_node,
@@ -188,15 +191,63 @@ def heartbeat(body: Any, bearer: str) -> Answer:
     REPORTS.labels("accepted").inc(accepted)
     if stale:
         REPORTS.labels("stale").inc(stale)
-    return (
-        200,
-        {
-            "accepted": bool(accepted),
-            "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
-            "desired": [],
-            "stop": [],
-        },
-    )
+    desired = _desired(identity)
+    wanted = {d["attempt"] for d in desired}
+    return 200, {
+        "accepted": bool(accepted),
+        "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+        "desired": desired,
+        "stop": [a for a in record["r"] if a not in wanted],
+    }
+
+
+def _desired(identity: NodeIdentity) -> list[dict[str, Any]]:
+    """What the node should run: only machines running the Orrery agent (the native kind) are
+    told; collectors' clusters run work their own way."""
+    if identity.cluster_kind != ClusterKind.NATIVE:
+        return []
+    return import_string(settings.ORRERY_AGENT_DESIRED)(identity.node_id)
+
+
+def attempts(body: Any, bearer: str) -> Answer:
+    """``POST agent/attempts`` with a node credential: state changes of the node's attempts
+    (``starting``, ``running``, ``succeeded``/``failed``/``timeout``/``cancelled`` with the exit
+    code) and new output. Reports about attempts that are no longer this node's are ignored."""
+    identity = authenticate_node(bearer)
+    if not isinstance(body, dict) or body.get("node") != identity.node_name:
+        return _error(403, f"This credential speaks for node '{identity.node_name}' only.")
+    reports, logs = body.get("reports") or [], body.get("logs") or []
+    if not isinstance(reports, list) or not isinstance(logs, list) or len(reports) > 1000 or len(logs) > 1000:
+        raise ReportError("reports", "reports and logs must be lists of at most 1000 items")
+    for i, item in enumerate(reports):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("attempt"), str)
+            or item.get("state") not in _ATTEMPT_STATES
+        ):
+            raise ReportError(
+                f"reports[{i}]", f"needs an attempt id and a state in {sorted(_ATTEMPT_STATES)}"
+            )
+        code = item.get("exit_code")
+        if code is not None and (
+            isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255
+        ):
+            raise ReportError(f"reports[{i}].exit_code", "must be an integer between -255 and 255")
+    for i, item in enumerate(logs):
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("attempt"), str)
+            and isinstance(item.get("data"), str)
+            and isinstance(item.get("offset"), int)
+            and item["offset"] >= 0
+            and len(item["data"]) <= 1 << 20
+        ):
+            raise ReportError(f"logs[{i}]", "needs an attempt id, a byte offset and at most 1 MiB of text")
+    counts = import_string(settings.ORRERY_AGENT_REPORTS)(identity.node_id, reports, logs)
+    return 200, counts
+
+
+_ATTEMPT_STATES = {"starting", "running", "succeeded", "failed", "timeout", "cancelled"}
 
 
 def report(body: Any, bearer: str) -> Answer:
@@ -271,4 +322,5 @@ ENDPOINTS: dict[str, Callable[[Any, str], Answer]] = {
     "nodes": inventory,
     "heartbeat": heartbeat,
     "report": report,
+    "attempts": attempts,
 }

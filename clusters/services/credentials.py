@@ -44,6 +44,7 @@ class NodeIdentity:
     node_id: int
     node_name: str
     cluster_id: int
+    cluster_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def authenticate_node(plaintext: str) -> NodeIdentity:
         plaintext,
         NodeIdentity,
         NodeCredential.objects.filter(revoked_at__isnull=True).values_list(
-            "node_id", "node__name", "node__cluster_id"
+            "node_id", "node__name", "node__cluster_id", "node__cluster__kind"
         ),
     )
 

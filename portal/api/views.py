@@ -46,6 +46,7 @@ from portal.api.serializers import (
 from portal.api.throttles import ReadThrottle, SubmitThrottle
 from portal.models import ApiToken, Membership
 from portal.services.tokens import issue_token, revoke_token
+from scheduling.agentwork import log_tail
 from scheduling.models import Allocation, Job, JobAttempt, Queue
 from scheduling.selectors import fleet_capacity, queue_usage
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
@@ -225,7 +226,8 @@ class JobLogsView(APIView):
         raw = request.query_params.get("tail", "100")
         if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10_000:
             raise InputError([("query.tail", "must be an integer between 1 and 10000")])
-        return Response({"jobId": job.pk, "lines": [], "truncated": False})
+        lines, truncated = log_tail(job.pk, int(raw))
+        return Response({"jobId": job.pk, "lines": lines, "truncated": truncated})
 
 
 class JobActionView(APIView):

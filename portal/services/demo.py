@@ -143,7 +143,7 @@ def _cluster(spec: DemoCluster) -> Cluster:
 
 def _queues(projects: dict[str, Project]) -> dict[str, Queue]:
     plan = {
-        "vision/default": (projects["vision"], 10, {"h100-80g": 32, "l40s-48g": 8}),
+        "vision/default": (projects["vision"], 10, {"h100-80g": 32, "l40s-48g": 8, "a100-80g": 8}),
         "vision/interactive": (projects["vision"], 50, {"h100-80g": 8}),
         "nlp/default": (projects["nlp"], 10, {"a100-80g": 48, "h100-80g": 16}),
         "nlp/batch": (projects["nlp"], 0, {"l40s-48g": 16}),

@@ -43,6 +43,7 @@ from scheduling.choices import (
     JobState,
     PendingReason,
 )
+from scheduling.desired import forget_desired
 from scheduling.events import JobsChanged, JobStateChanged, job_groups
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent
 from scheduling.wakeup import request_cycle
@@ -186,6 +187,7 @@ def release_allocations(attempt_id: Any, now: Any) -> list[int]:
     if node_ids:
         settle_draining_nodes(node_ids)
         request_cycle()
+        transaction.on_commit(lambda: forget_desired(node_ids))
     return node_ids
 
 
@@ -237,6 +239,7 @@ def transition_jobs(
                 held.update(active=False, released_at=now)
                 settle_draining_nodes(nodes)
                 request_cycle()
+                transaction.on_commit(lambda: forget_desired(nodes))
         JobEvent.objects.bulk_create(
             JobEvent(
                 job_id=pk,
