@@ -1,0 +1,260 @@
+"""End to end on real processes: a live server, the scheduler and the aggregator on a timer,
+and orrery-agent processes with fake GPUs, all driven through the public API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.db import close_old_connections, connections
+
+from clusters.choices import ClusterKind, ClusterState, NodeState
+from clusters.models import Node
+from clusters.services.aggregation import flush_heartbeats
+from clusters.services.credentials import create_join_token
+from clusters.services.lifecycle import run_node_lifecycle
+from portal.services.tokens import issue_token
+from scheduling.cache import SchedulerCache
+from scheduling.cycle import run_cycle
+from scheduling.models import Allocation
+from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Plane:
+    """The control plane's periodic work, on a thread of the test process."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.cache = SchedulerCache()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self) -> None:
+        while not self.stop.wait(0.3):
+            try:
+                flush_heartbeats()
+                run_node_lifecycle()
+                run_cycle(self.cache)
+            except Exception as exc:  # keep pumping; a failed pass is retried
+                print("plane:", exc, file=sys.stderr)
+            finally:
+                close_old_connections()
+        connections.close_all()  # the test database is dropped after the test
+
+
+@pytest.fixture
+def plane(settings):
+    settings.ORRERY_HEARTBEAT_INTERVAL = 1
+    settings.NODE_RECOVERY = 1
+    settings.NODE_GRACE = 3
+    settings.NODE_FAILOVER_AFTER = 5
+    settings.ORRERY_FAILOVER_PER_MINUTE = 100
+    plane = Plane()
+    plane.thread.start()
+    yield plane
+    plane.stop.set()
+    plane.thread.join(5)
+
+
+@pytest.fixture
+def world(live_server, plane, tmp_path):
+    ensure_catalog()
+    alice = make_user("alice")
+    make_queue(make_project("vision", members=(alice,)))
+    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
+    _, join = create_join_token(cluster)
+    _, token = issue_token(alice)
+    agents: dict[str, subprocess.Popen] = {}
+
+    def start_agent(name: str) -> subprocess.Popen:
+        agents[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clusters.agent",
+                "--server",
+                live_server.url,
+                "--join-token",
+                join,
+                "--fake-gpus",
+                "h100:2",
+                "--work-dir",
+                str(tmp_path / name),
+                "--name",
+                name,
+                "--grace",
+                "1",
+                "--address",
+                f"{name}.lab",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / f"{name}.log", "a"),  # noqa: SIM115
+        )
+        return agents[name]
+
+    start_agent("n1")
+    start_agent("n2")
+    wait(lambda: Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 2, "both nodes ready")
+    yield {
+        "url": live_server.url,
+        "token": token,
+        "start_agent": start_agent,
+        "agents": agents,
+        "tmp": tmp_path,
+    }
+    for agent in agents.values():
+        agent.kill()
+        agent.wait()
+    _kill_leftovers(tmp_path)
+
+
+def _kill_leftovers(tmp: Path) -> None:
+    for meta in tmp.glob("*/attempts/*/meta.json"):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(json.loads(meta.read_text())["pgid"], signal.SIGKILL)
+
+
+def wait(condition, what: str, timeout: float = 30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        close_old_connections()
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+def api(world, method: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        f"{world['url']}/api/v1/{path}",
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": f"Bearer {world['token']}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def submit(world, name: str, run: str, gpus: str = "h100:1", **spec) -> int:
+    body = {
+        "apiVersion": "orrery/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "project": "vision"},
+        "spec": {"resources": {"gpus": gpus, **spec.pop("resources", {})}, "run": run, **spec},
+    }
+    return api(world, "POST", "jobs", body)["id"]
+
+
+def state_of(world, job_id: int, *states: str) -> dict | None:
+    job = api(world, "GET", f"jobs/{job_id}")
+    return job if job["state"] in states else None
+
+
+def test_jobs_run_on_real_processes(world):
+    env = (
+        'echo "gpus=$CUDA_VISIBLE_DEVICES job=$ORRERY_JOB_ID nodes=$ORRERY_NNODES '
+        'rank=$ORRERY_NODE_RANK head=$ORRERY_HEAD_ADDR"'
+    )
+    ok = submit(world, "print", f"python3 -c 'print(42)'; {env}")
+    failing = submit(world, "exit3", "exit 3")
+    slow = submit(world, "late", "sleep 30", timeLimit="2s")
+    sleeper = submit(world, "sleeper", "sleep 300")
+    pairs = [submit(world, f"pair{i}", f"{env}; sleep 2") for i in range(2)]
+
+    done = wait(lambda: state_of(world, ok, "SUCCEEDED", "FAILED"), "the print job to end")
+    assert done["state"] == "SUCCEEDED" and done["exitCode"] == 0
+    lines = wait(lambda: api(world, "GET", f"jobs/{ok}/logs")["lines"], "its output")
+    assert "42" in lines
+    held = sorted(
+        Allocation.objects.filter(job_id=ok, gpu__isnull=False).values_list("gpu__index", flat=True)
+    )
+    assert f"gpus={','.join(map(str, held))} job={ok} nodes=1 rank=0" in " ".join(lines)
+
+    failed = wait(lambda: state_of(world, failing, "FAILED", "SUCCEEDED"), "exit 3")
+    assert (failed["state"], failed["exitCode"]) == ("FAILED", 3)
+    timed_out = wait(lambda: state_of(world, slow, "TIMEOUT", "FAILED", "SUCCEEDED"), "the time limit")
+    assert timed_out["state"] == "TIMEOUT"
+
+    for job_id in pairs:
+        wait(lambda j=job_id: state_of(world, j, "SUCCEEDED"), "the pair")
+    seen = []
+    for job_id in pairs:
+        line = next(x for x in api(world, "GET", f"jobs/{job_id}/logs")["lines"] if x.startswith("gpus="))
+        node = (
+            Allocation.objects.filter(job_id=job_id, gpu__isnull=True)
+            .values_list("node__name", flat=True)
+            .get()
+        )
+        seen.append((node, line.split()[0]))
+    assert len(set(seen)) == 2, f"two jobs shared a GPU: {seen}"
+
+    wait(lambda: state_of(world, sleeper, "RUNNING"), "the sleeper to run")
+    attempt = api(world, "GET", f"jobs/{sleeper}")["placement"]["attemptId"]
+    meta = next(world["tmp"].glob(f"*/attempts/{attempt}/meta.json"))
+    pgid = json.loads(meta.read_text())["pgid"]
+    os.killpg(pgid, 0)  # alive
+    assert api(world, "POST", f"jobs/{sleeper}/cancel")["state"] == "CANCELLED"
+    wait(lambda: not _alive(pgid), "the process group to be killed", timeout=15)
+
+
+def test_a_gang_starts_on_both_nodes_with_one_head(world):
+    job = submit(
+        world,
+        "gang",
+        'echo "rank=$ORRERY_NODE_RANK of $ORRERY_NNODES head=$ORRERY_HEAD_ADDR"',
+        gpus="h100:2",
+        resources={"nodes": 2},
+    )
+    wait(lambda: state_of(world, job, "SUCCEEDED"), "the gang to finish")
+    lines = wait(
+        lambda: (
+            len(api(world, "GET", f"jobs/{job}/logs")["lines"]) >= 2
+            and api(world, "GET", f"jobs/{job}/logs")["lines"]
+        ),
+        "both nodes' output",
+    )
+    ranks = sorted(line.split("] ", 1)[1] for line in lines if "rank=" in line)
+    assert ranks == ["rank=0 of 2 head=n1.lab", "rank=1 of 2 head=n1.lab"]
+
+
+def test_node_loss_follows_the_failover_policy_and_a_restarted_agent_cleans_up(world):
+    held = submit(world, "held", "sleep 300")  # GPU job, no retries: hold on node loss
+    requeued = submit(world, "requeued", "sleep 300", retries=1)  # retries: requeue
+    wait(lambda: state_of(world, held, "RUNNING") and state_of(world, requeued, "RUNNING"), "both running")
+    victim = (
+        Allocation.objects.filter(job_id=held, gpu__isnull=True).values_list("node__name", flat=True).get()
+    )
+    attempt = api(world, "GET", f"jobs/{held}")["placement"]["attemptId"]
+    pgid = json.loads(next(world["tmp"].glob(f"{victim}/attempts/{attempt}/meta.json")).read_text())["pgid"]
+    world["agents"][victim].send_signal(signal.SIGKILL)
+    world["agents"][victim].wait()
+    wait(lambda: Node.objects.get(name=victim).state == NodeState.DOWN, "the node to go down", timeout=40)
+    held_job = wait(lambda: state_of(world, held, "HELD"), "the held job")
+    assert held_job["reason"] == "NodeLost"
+    if Allocation.objects.filter(job_id=requeued, node__name=victim).exists():
+        wait(lambda: state_of(world, requeued, "PENDING", "SCHEDULED", "STARTING", "RUNNING"), "the requeue")
+    assert _alive(pgid), "the job keeps running on the cut-off node until its agent returns"
+    world["start_agent"](victim)
+    wait(lambda: not _alive(pgid), "the restarted agent to kill the stale process", timeout=20)
+    wait(lambda: Node.objects.get(name=victim).state == NodeState.READY, "the node to come back")
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
