@@ -158,6 +158,7 @@ _PERIODIC = {
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
     "scheduling-cycle": ("scheduling.tasks.scheduling_cycle_task", 1.0),
     "simulated-clusters": ("scheduling.tasks.simulated_clusters_task", 1.0),
+    "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 2.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {

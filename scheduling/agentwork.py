@@ -228,3 +228,33 @@ def handle_node_lost(node_ids: list[int]) -> None:
         except (InvalidTransition, TransitionConflict):
             continue
     forget_desired(node_ids)
+
+
+def dispatch_outbox(limit: int = 5000) -> int:
+    """Deliver pending ``start`` outbox rows of native clusters: their agents pull work with
+    each heartbeat, so delivering is making the node's desired list fresh and marking the row
+    sent. Idempotent: a row delivered twice changes nothing. Runs as a periodic sweep (and so
+    re-drives anything a lost wake-up left behind); simulated clusters deliver their own rows,
+    other kinds their dispatchers."""
+    from clusters.choices import ClusterKind
+    from scheduling.models import DispatchOutbox
+
+    rows = list(
+        DispatchOutbox.objects.filter(state=DispatchOutbox.State.PENDING, cluster__kind=ClusterKind.NATIVE)
+        .order_by("id")
+        .values_list("pk", "attempt_id")[:limit]
+    )
+    if not rows:
+        return 0
+    nodes = sorted(
+        set(
+            Allocation.objects.filter(attempt_id__in=[a for _, a in rows], gpu__isnull=True).values_list(
+                "node_id", flat=True
+            )
+        )
+    )
+    DispatchOutbox.objects.filter(pk__in=[pk for pk, _ in rows], state=DispatchOutbox.State.PENDING).update(
+        state=DispatchOutbox.State.SENT
+    )
+    forget_desired(nodes)
+    return len(rows)

@@ -14,3 +14,10 @@ def scheduling_cycle_task() -> int:
 @shared_task(ignore_result=True)
 def simulated_clusters_task() -> dict[str, int]:
     return advance_simulated_jobs()
+
+
+@shared_task(ignore_result=True)
+def dispatch_outbox_task() -> int:
+    from scheduling.agentwork import dispatch_outbox
+
+    return dispatch_outbox()
