@@ -7,26 +7,21 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Node
-from clusters.services.aggregation import flush_heartbeats
 from clusters.services.credentials import create_join_token
-from clusters.services.lifecycle import run_node_lifecycle
 from portal.services.tokens import issue_token
-from scheduling.agentwork import dispatch_outbox
-from scheduling.cache import SchedulerCache
-from scheduling.cycle import run_cycle
 from scheduling.models import Allocation
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
 
@@ -34,44 +29,115 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Plane:
-    """The control plane's periodic work, on a thread of the test process."""
+def service_env(tmp: Path) -> dict[str, str]:
+    """The environment of the server and worker processes: the test database and Redis prefix,
+    and timers short enough for a test."""
+    db = settings.DATABASES["default"]
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "ORRERY_REDIS_PREFIX": settings.ORRERY_REDIS_PREFIX,
+        "ORRERY_CELERY_QUEUE": f"e2e-{os.getpid()}-{time.monotonic_ns()}",
+        "ORRERY_DATA_DIR": str(tmp),
+        "ORRERY_HEARTBEAT_INTERVAL": "1",
+        "ORRERY_NODE_RECOVERY": "1",
+        "ORRERY_NODE_GRACE": "3",
+        "ORRERY_NODE_FAILOVER_AFTER": "5",
+        "ORRERY_FAILOVER_PER_MINUTE": "100",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
 
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.cache = SchedulerCache()
-        self.thread = threading.Thread(target=self.loop, daemon=True)
 
-    def loop(self) -> None:
-        while not self.stop.wait(0.3):
+class Service:
+    """A real process of the control plane: the ASGI server (Daphne), gunicorn, or a Celery
+    worker with its beat."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, port: int | None = None) -> None:
+        self.argv, self.env, self.log, self.port = argv, env, log, port
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> Service:
+        with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=log
+            )
+        if self.port:
+            wait(lambda: _answers(self.port), f"{self.argv[2]} to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
             try:
-                flush_heartbeats()
-                run_node_lifecycle()
-                run_cycle(self.cache)
-                dispatch_outbox()
-            except Exception as exc:  # keep pumping; a failed pass is retried
-                print("plane:", exc, file=sys.stderr)
-            finally:
-                close_old_connections()
-        connections.close_all()  # the test database is dropped after the test
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+def _port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.fixture
-def plane(settings):
-    settings.ORRERY_HEARTBEAT_INTERVAL = 1
-    settings.NODE_RECOVERY = 1
-    settings.NODE_GRACE = 3
-    settings.NODE_FAILOVER_AFTER = 5
-    settings.ORRERY_FAILOVER_PER_MINUTE = 100
-    plane = Plane()
-    plane.thread.start()
-    yield plane
-    plane.stop.set()
-    plane.thread.join(5)
+def plane(tmp_path):
+    """Daphne serving the API and the agents, and a Celery worker with beat running the
+    scheduler, the aggregator, the lifecycle and the outbox sweep."""
+    if not settings.REDIS_URL:
+        pytest.skip("the processes share the heartbeat buffer and the broker through Redis")
+    env = service_env(tmp_path)
+    port = _port()
+    server = Service(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        env,
+        tmp_path / "daphne.log",
+        port,
+    )
+    worker = Service(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--beat",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+            "-Q",
+            env["ORRERY_CELERY_QUEUE"],
+            "--schedule",
+            str(tmp_path / "beat-schedule"),
+        ],
+        env,
+        tmp_path / "celery.log",
+    )
+    services = {
+        "server": server.start(),
+        "worker": worker.start(),
+        "url": f"http://127.0.0.1:{port}",
+        "env": env,
+    }
+    yield services
+    worker.stop()
+    server.stop()
 
 
 @pytest.fixture
-def world(live_server, plane, tmp_path):
+def world(plane, tmp_path):
     ensure_catalog()
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
@@ -87,7 +153,7 @@ def world(live_server, plane, tmp_path):
                 "-m",
                 "clusters.agent",
                 "--server",
-                live_server.url,
+                plane["url"],
                 "--join-token",
                 join,
                 "--fake-gpus",
@@ -111,7 +177,7 @@ def world(live_server, plane, tmp_path):
     start_agent("n2")
     wait(lambda: Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 2, "both nodes ready")
     yield {
-        "url": live_server.url,
+        "url": plane["url"],
         "token": token,
         "start_agent": start_agent,
         "agents": agents,
@@ -265,72 +331,34 @@ def _alive(pgid: int) -> bool:
         return False
 
 
-class Server:
-    """gunicorn, the production server, on the test database: one that can be stopped."""
-
-    def __init__(self, port: int, tmp: Path) -> None:
-        db = settings.DATABASES["default"]
-        self.port, self.tmp = port, tmp
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "REDIS_URL": settings.REDIS_URL,
-            "ORRERY_REDIS_PREFIX": settings.ORRERY_REDIS_PREFIX,
-            "ORRERY_HEARTBEAT_INTERVAL": "1",
-            "ORRERY_DATA_DIR": str(tmp),
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-        }
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "portal.wsgi:application",
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--workers",
-                "1",
-                "--threads",
-                "4",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.tmp / "server.log", "a"),  # noqa: SIM115
-        )
-        wait(lambda: _answers(self.port), "the server to answer")
-
-    def stop(self) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        self.process.wait(10)
-
-
-def _answers(port: int) -> bool:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
-        return True
-    except OSError:
-        return False
-
-
 def test_a_server_outage_loses_no_report(plane, tmp_path):
-    if not settings.REDIS_URL:
-        pytest.skip("the server process and the test share the buffer through Redis")
     ensure_catalog()
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
     cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
     _, join = create_join_token(cluster)
     _, token = issue_token(alice)
-    port = 18_000 + os.getpid() % 1000
-    server = Server(port, tmp_path)
-    server.start()
+    plane["server"].stop()  # this test serves with gunicorn, the production WSGI server
+    port = _port()
+    server = Service(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "portal.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--threads",
+            "4",
+            "--log-level",
+            "warning",
+        ],
+        plane["env"],
+        tmp_path / "gunicorn.log",
+        port,
+    ).start()
     agent = subprocess.Popen(
         [
             sys.executable,
@@ -368,6 +396,5 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
     finally:
         agent.kill()
         agent.wait()
-        if server.process and server.process.poll() is None:
-            server.stop()
+        server.stop()
         _kill_leftovers(tmp_path)
