@@ -247,6 +247,23 @@ def test_jobs_run_on_real_processes(world):
     assert done["state"] == "SUCCEEDED" and done["exitCode"] == 0
     lines = wait(lambda: api(world, "GET", f"jobs/{ok}/logs")["lines"], "its output")
     assert "42" in lines
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "portal.cli.commands",
+            "logs",
+            str(ok),
+            "--server",
+            world["url"],
+            "--token",
+            world["token"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert cli.returncode == 0 and "42" in cli.stdout.splitlines()
     held = sorted(
         Allocation.objects.filter(job_id=ok, gpu__isnull=False).values_list("gpu__index", flat=True)
     )
