@@ -42,6 +42,7 @@ from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
 from scheduling.policies import Profile, active_profile
 from scheduling.queue import JobClass
+from scheduling.wakeup import ring_dispatch
 
 log = logging.getLogger(__name__)
 LOCK_KEY = 0x0_5C4E_D01E  # pg advisory lock id of the scheduling cycle
@@ -442,6 +443,7 @@ def commit(decisions: list[Placement], snap: Any, epoch: int) -> tuple[list[Plac
     )
     placed_nodes = sorted({int(snap.node_id[c.row]) for d in placed for c in d.nodes})
     transaction.on_commit(lambda: forget_desired(placed_nodes))
+    ring_dispatch()
     by_project: dict[int, list[int]] = defaultdict(list)
     for d in placed:
         by_project[d.job.project_id].append(d.job.id)

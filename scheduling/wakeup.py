@@ -29,3 +29,20 @@ def _ask() -> None:
             scheduling_cycle_task.apply_async(expires=5)
     except Exception:  # the beat runs a cycle every second regardless
         log.warning("could not wake the scheduler early", exc_info=True)
+
+
+def ring_dispatch() -> None:
+    """After commit, deliver the new outbox rows now rather than at the next sweep. Only a
+    doorbell: the periodic sweep delivers whatever a lost message left behind."""
+    if settings.REDIS_URL:
+        transaction.on_commit(_ring)
+
+
+def _ring() -> None:
+    from scheduling.tasks import dispatch_outbox_task
+
+    try:
+        if cache.add("orrery:dispatch-requested", 1, timeout=1):
+            dispatch_outbox_task.apply_async(expires=10)
+    except Exception:
+        log.warning("could not ring the dispatcher", exc_info=True)
