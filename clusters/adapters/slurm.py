@@ -1,0 +1,208 @@
+"""Talking to a Slurm cluster through slurmrestd (OpenAPI v0.0.36–v0.0.38, Slurm 22.05+).
+
+Two parts: pure functions that map Slurm's answers to Orrery's terms (tested on recorded
+output), and ``SlurmClient``, a small HTTP client that authenticates with a JWT
+(``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN``), picks the newest API version the server
+serves, and says exactly what is wrong when it cannot connect.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from clusters.choices import NodeState
+
+VERSIONS = ("v0.0.38", "v0.0.37", "v0.0.36")
+_GRES = re.compile(r"^gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
+
+# Slurm node states (base state, lowercase as slurmrestd gives them) → Orrery's. Flags such as
+# DRAIN or NOT_RESPONDING override the base state (see ``node_state``).
+NODE_STATES = {
+    "idle": NodeState.READY,
+    "mixed": NodeState.READY,
+    "allocated": NodeState.READY,
+    "completing": NodeState.READY,
+    "planned": NodeState.READY,
+    "down": NodeState.DOWN,
+    "error": NodeState.DOWN,
+    "future": NodeState.NOT_READY,
+    "unknown": NodeState.NOT_READY,
+}
+
+# Slurm job states → Orrery job states (upper case, as squeue prints them).
+JOB_STATES = {
+    "PENDING": "PENDING",
+    "CONFIGURING": "STARTING",
+    "RUNNING": "RUNNING",
+    "COMPLETING": "COMPLETING",
+    "SUSPENDED": "RUNNING",
+    "COMPLETED": "SUCCEEDED",
+    "FAILED": "FAILED",
+    "BOOT_FAIL": "FAILED",
+    "NODE_FAIL": "FAILED",
+    "OUT_OF_MEMORY": "FAILED",
+    "DEADLINE": "TIMEOUT",
+    "TIMEOUT": "TIMEOUT",
+    "CANCELLED": "CANCELLED",
+    "PREEMPTED": "PREEMPTED",
+    "REQUEUED": "PENDING",
+    "REQUEUE_FED": "PENDING",
+    "REQUEUE_HOLD": "HELD",
+    "RESV_DEL_HOLD": "HELD",
+    "SPECIAL_EXIT": "HELD",
+}
+
+
+def parse_gres(gres: str | None) -> tuple[str | None, int]:
+    """``"gpu:a100:4"`` → ``("a100", 4)``; ``"gpu:4"`` → ``(None, 4)``; no GPU → ``(None, 0)``.
+    Only the first GPU entry of a comma-separated list counts (nodes rarely mix models)."""
+    for part in (gres or "").split(","):
+        match = _GRES.match(part.strip())
+        if match:
+            return match.group(1), int(match.group(2))
+    return None, 0
+
+
+def node_state(
+    state: str | list[str] | None, flags: list[str] | None = None, reason: str = ""
+) -> tuple[str, str]:
+    """Orrery's state and a reason for a Slurm node. A drained or draining node is an
+    operator's decision and maps to ``drained``/``draining``; a node not responding is lost."""
+    parts = [state] if isinstance(state, str) else list(state or [])
+    words = {p.lower() for p in parts} | {f.lower() for f in (flags or [])}
+    base = next((w for w in (p.lower() for p in parts) if w in NODE_STATES), "unknown")
+    if "not_responding" in words:
+        return NodeState.DOWN, reason or "slurmd not responding"
+    if "drain" in words or "draining" in words or "drained" in words:
+        busy = base in {"mixed", "allocated", "completing"}
+        return (NodeState.DRAINING if busy else NodeState.DRAINED), reason or "drained in Slurm"
+    return NODE_STATES[base], reason
+
+
+def job_state(state: str | list[str] | None) -> str:
+    first = state if isinstance(state, str) else (state or ["PENDING"])[0]
+    return JOB_STATES.get((first or "PENDING").upper(), "FAILED")
+
+
+def decode_exit(raw: int | None) -> tuple[int | None, int | None]:
+    """Slurm's ``exit_code`` in JSON is a raw wait status: ``(exit code, signal)``."""
+    if raw is None:
+        return None, None
+    if raw & 0x7F:
+        return None, raw & 0x7F
+    return raw >> 8 & 0xFF, None
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str
+    reason: str
+    cpus: int
+    memory_mb: int
+    gpu_type: str | None
+    gpus: int
+    partitions: tuple[str, ...]
+
+
+def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
+    nodes = []
+    for n in payload.get("nodes") or []:
+        state, reason = node_state(n.get("state"), n.get("state_flags"), n.get("reason") or "")
+        gpu_type, gpus = parse_gres(n.get("gres"))
+        nodes.append(
+            SlurmNode(
+                name=n["name"],
+                state=state,
+                reason=reason,
+                cpus=int(n.get("cpus") or 0),
+                memory_mb=int(n.get("real_memory") or 0),
+                gpu_type=gpu_type,
+                gpus=gpus,
+                partitions=tuple(n.get("partitions") or ()),
+            )
+        )
+    return nodes
+
+
+class SlurmError(Exception):
+    """What is wrong, in words an operator can act on."""
+
+
+class SlurmClient:
+    def __init__(self, url: str, token: str, user: str = "root", timeout: float = 10.0) -> None:
+        self.url, self.token, self.user, self.timeout = url.rstrip("/"), token, user, timeout
+        self.version: str | None = None
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={
+                "X-SLURM-USER-NAME": self.user,
+                "X-SLURM-USER-TOKEN": self.token,
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            if exc.code == 401:
+                raise SlurmError(
+                    "slurmrestd refused the token (401): check the JWT and the user name"
+                ) from None
+            try:
+                errors = json.loads(text).get("errors") or []
+            except ValueError:
+                errors = []
+            if any(e.get("source") == "slurm_load_ctl_conf" for e in errors):
+                raise SlurmError(
+                    "slurmrestd could not use the token: expired, or signed with another key"
+                ) from None
+            if exc.code == 404:
+                raise SlurmError(f"not found: {path}") from None
+            detail = "; ".join(e.get("error") or e.get("description") or "" for e in errors) or text[:200]
+            raise SlurmError(f"slurmrestd answered {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise SlurmError(
+                f"cannot reach slurmrestd at {self.url}: {getattr(exc, 'reason', exc)}"
+            ) from None
+
+    def connect(self) -> str:
+        """Find the newest supported API version; ``SlurmError`` says why not."""
+        for version in VERSIONS:
+            try:
+                self._request("GET", f"/slurm/{version}/ping")
+            except SlurmError as exc:
+                if str(exc).startswith("not found"):
+                    continue
+                raise
+            self.version = version
+            return version
+        raise SlurmError(f"slurmrestd serves none of the API versions Orrery speaks ({', '.join(VERSIONS)})")
+
+    def _path(self, rest: str) -> str:
+        if self.version is None:
+            self.connect()
+        return f"/slurm/{self.version}/{rest}"
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_nodes(self._request("GET", self._path("nodes")))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._request("GET", self._path("jobs")).get("jobs") or []
+
+    def submit(self, script: str, job: dict[str, Any]) -> int:
+        answer = self._request("POST", self._path("job/submit"), {"script": script, "job": job})
+        return int(answer["job_id"])
+
+    def cancel(self, job_id: int) -> None:
+        self._request("DELETE", self._path(f"job/{job_id}"))
