@@ -147,14 +147,16 @@ def _apply(attempt: JobAttempt, node_id: int, report: dict[str, Any]) -> None:
 
 
 def _store_log(node_id: int, chunk: dict[str, Any]) -> None:
+    """Append a chunk of output, in bytes: ``offset`` is where the chunk starts in the stream,
+    so a chunk sent again (the agent missed our answer) is recognised and only its new bytes
+    are kept."""
     attempt = JobAttempt.objects.filter(pk=chunk["attempt"]).values_list("pk", "job_id").first()
     if attempt is None:
         return
     from clusters.models import Node
 
     node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
-    offset, data = int(chunk["offset"]), str(chunk["data"])
-    end = int(chunk.get("end") or offset + len(data.encode()))
+    offset, data = int(chunk["offset"]), str(chunk["data"]).encode()
     with transaction.atomic():
         row, _ = JobLog.objects.select_for_update().get_or_create(
             attempt_id=attempt[0], node=node, defaults={"job_id": attempt[1]}
@@ -162,14 +164,15 @@ def _store_log(node_id: int, chunk: dict[str, Any]) -> None:
         if offset + len(data) <= row.end:
             return  # already have it (a replay)
         if offset > row.end:
-            data = f"[… {offset - row.end} bytes not received …]\n" + data
+            data = f"[… {offset - row.end} bytes not received …]\n".encode() + data
         else:
             data = data[row.end - offset :]
-        text = row.text + data
+        text = row.text.encode() + data
         if len(text) > JobLog.MAX_BYTES:
             cut = len(text) - JobLog.MAX_BYTES
             text, row.start = text[cut:], row.start + cut
-        row.text, row.end = text, end
+        row.text = text.decode("utf-8", "replace")
+        row.end = max(row.end, offset + len(str(chunk["data"]).encode()))
         row.save()
 
 
@@ -196,38 +199,59 @@ def shell_command(command: str, setup: str, workdir: str) -> str:
     return " && ".join([*parts, *([setup] if setup else []), command])
 
 
-def handle_node_lost(node_ids: list[int]) -> None:
-    """The failover policy of every job that held a node now ``down``: ``requeue`` (a new
-    attempt elsewhere), ``hold`` (wait for an operator) or ``fail``."""
+def handle_node_lost(node_ids: list[int]) -> int:
+    """The failover policy of every job still holding a node that is now ``down``: ``requeue``
+    (a new attempt elsewhere), ``hold`` (wait for an operator) or ``fail``. Idempotent, and run
+    both when the lifecycle takes nodes down and as a periodic sweep, so a job whose failover
+    lost a race or an error is decided again. Returns how many jobs it moved."""
     from scheduling.choices import FailoverPolicy, PendingReason
 
     attempts = JobAttempt.objects.filter(
         active=True, allocations__node_id__in=node_ids, allocations__active=True
     )
+    moved = 0
     for job_id, policy in attempts.values_list("job_id", "job__failover_policy").distinct():
         message = "its node was lost"
-        try:
-            if policy == FailoverPolicy.REQUEUE:
-                transition_job(
-                    job_id,
-                    JobState.PENDING,
-                    reason=PendingReason.NODE_LOST,
-                    message=message,
-                    only_from=ACTIVE_STATES,
-                )
-            elif policy == FailoverPolicy.HOLD:
-                transition_job(
-                    job_id,
-                    JobState.HELD,
-                    reason=PendingReason.NODE_LOST,
-                    message=message + "; release or cancel it",
-                    only_from=ACTIVE_STATES,
-                )
-            else:
-                transition_job(job_id, JobState.FAILED, message=message, only_from=ACTIVE_STATES)
-        except (InvalidTransition, TransitionConflict):
-            continue
+        for _ in range(3):  # a conflict means the job moved meanwhile: decide again
+            try:
+                if policy == FailoverPolicy.REQUEUE:
+                    transition_job(
+                        job_id,
+                        JobState.PENDING,
+                        reason=PendingReason.NODE_LOST,
+                        message=message,
+                        only_from=ACTIVE_STATES,
+                    )
+                elif policy == FailoverPolicy.HOLD:
+                    transition_job(
+                        job_id,
+                        JobState.HELD,
+                        reason=PendingReason.NODE_LOST,
+                        message=message + "; release or cancel it",
+                        only_from=ACTIVE_STATES,
+                    )
+                else:
+                    transition_job(job_id, JobState.FAILED, message=message, only_from=ACTIVE_STATES)
+                moved += 1
+                break
+            except TransitionConflict:
+                continue
+            except InvalidTransition:
+                break  # no longer active: nothing to do
+            except Exception:
+                log.exception("failover of job %s failed; the next sweep tries again", job_id)
+                break
     forget_desired(node_ids)
+    return moved
+
+
+def sweep_lost_nodes() -> int:
+    """Failover for jobs still holding a ``down`` node (the periodic safety net)."""
+    from clusters.choices import NodeState
+    from clusters.models import Node
+
+    down = list(Node.objects.filter(state=NodeState.DOWN).values_list("pk", flat=True))
+    return handle_node_lost(down) if down else 0
 
 
 def dispatch_outbox(limit: int = 5000) -> int:

@@ -33,17 +33,21 @@ from scheduling.snapshot import QuotaBook, Snapshot
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
-UNCOUNTED = -2  # a held GPU that was not free in the snapshot (unhealthy): nothing to give back
 
 
 @dataclass
 class Held:
-    """What the cache counted for one allocation row of an active job."""
+    """What the cache counted for one allocation row of an active job. ``counted`` says whether
+    a held GPU was taken out of the free mask (a held GPU that is unhealthy never was in it);
+    it follows health changes, so a release gives back exactly what was taken."""
 
     row: int
-    gpu: int  # GPU index; -1 for the node-level row; UNCOUNTED for a held unhealthy GPU
+    gpu: int  # GPU index; -1 for the node-level row
     cpu: int
     memory: int
+    counted: bool = True
+    node_id: int = 0
+    gpu_id: int | None = None
 
 
 class SchedulerCache:
@@ -58,7 +62,9 @@ class SchedulerCache:
         self.explained: dict[tuple, tuple] = {}  # class shape → (reason, message), when, jobs
         self.verdicts: dict[tuple, tuple] = {}  # class shape → (snapshot, its version, Status)
         self.seen_events: set[int] = set()  # event ids already applied, within the re-read window
-        self.placed_by_us: set[int] = set()  # jobs this process placed since the last sync
+        self.seen_node_events: set[int] = set()
+        self.usable_clusters: set[int] = set()
+        self.placed_by_us: set[str] = set()  # attempts this process placed, until their events are read
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:
@@ -83,9 +89,15 @@ class SchedulerCache:
         )
         self.placed_by_us = set()
         self.node_cursor = NodeEvent.objects.aggregate(m=Max("id"))["m"] or 0
+        self.seen_node_events = set(
+            NodeEvent.objects.filter(id__gt=max(self.node_cursor - REREAD_WINDOW, 0)).values_list(
+                "id", flat=True
+            )
+        )
         clusters = list(Cluster.objects.order_by("pk").values_list("pk", "name", "state"))
         cluster_index = {pk: i for i, (pk, _, _) in enumerate(clusters)}
         usable_clusters = {pk for pk, _, state in clusters if state in SCHEDULABLE_CLUSTERS}
+        self.usable_clusters = set(usable_clusters)
         models = list(GpuModel.objects.order_by("pk").values_list("pk", "slug"))
         model_index = {pk: i for i, (pk, _) in enumerate(models)}
 
@@ -192,18 +204,18 @@ class SchedulerCache:
                 row, index = gpu_index.get(gpu_id, (row_of.get(node_id), -1))
                 if row is None or index < 0:
                     continue
-                if snap.free_bits[row] >> np.uint64(index) & np.uint64(1):
+                free = bool(snap.free_bits[row] >> np.uint64(index) & np.uint64(1))
+                if free:
                     snap.take(row, (index,), 0, 0)
-                    counted.append(Held(row, index, 0, 0))
-                else:  # an unhealthy GPU still held: it was never in the free count
-                    counted.append(Held(row, UNCOUNTED, 0, 0))
+                # an unhealthy GPU still held was never in the free count: nothing to take
+                counted.append(Held(row, index, 0, 0, counted=free, node_id=node_id, gpu_id=gpu_id))
                 gpus += 1
             else:
                 row = row_of.get(node_id)
                 if row is None:
                     continue
                 snap.take(row, (), cpu, memory)
-                counted.append(Held(row, -1, cpu, memory))
+                counted.append(Held(row, -1, cpu, memory, node_id=node_id))
         self.held[job_id] = counted
         self.job_queue[job_id] = (queue_id, model)
         if gpus and model >= 0:
@@ -217,9 +229,8 @@ class SchedulerCache:
         gpus = 0
         for h in counted:
             if h.gpu >= 0:
-                snap.give(h.row, (h.gpu,), 0, 0)
-                gpus += 1
-            elif h.gpu == UNCOUNTED:
+                if h.counted:
+                    snap.give(h.row, (h.gpu,), 0, 0)
                 gpus += 1
             else:
                 snap.give(h.row, (), h.cpu, h.memory)
@@ -232,27 +243,45 @@ class SchedulerCache:
         assert snap is not None
         low = max(self.job_cursor - REREAD_WINDOW, 0)
         events = [
-            (event, job, to_state)
-            for event, job, to_state in JobEvent.objects.filter(id__gt=low).values_list(
-                "id", "job_id", "to_state"
+            (event, job, to_state, attempt)
+            for event, job, to_state, attempt in JobEvent.objects.filter(id__gt=low).values_list(
+                "id", "job_id", "to_state", "attempt_id"
             )
             if event not in self.seen_events
         ]
         if events:
-            self.job_cursor = max(self.job_cursor, max(e for e, _, _ in events))
-            self.seen_events = {e for e in self.seen_events if e > low} | {e for e, _, _ in events}
-            # The placements this process committed are already counted (assumed): skip them.
-            ours, self.placed_by_us = self.placed_by_us, set()
+            self.job_cursor = max(self.job_cursor, max(e[0] for e in events))
+            self.seen_events = {e for e in self.seen_events if e > low} | {e[0] for e in events}
+            # The placements this process committed are already counted (assumed): skip just
+            # those events — by attempt, so a later placement of the same job elsewhere counts.
+            ours = self.placed_by_us
             changed = {
-                job for _, job, to_state in events if not (to_state == JobState.SCHEDULED and job in ours)
+                job
+                for _, job, to_state, attempt in events
+                if not (to_state == JobState.SCHEDULED and attempt in ours)
             }
+            self.placed_by_us = {a for a in ours if a not in {e[3] for e in events}}
             if changed:
                 self.refresh_jobs(changed)
-        node_events = list(NodeEvent.objects.filter(id__gt=self.node_cursor).values_list("id", "node_id"))
+        # Node events: the same window, for rows committed out of id order. Applying one again
+        # is harmless: it re-reads the node.
+        low = max(self.node_cursor - REREAD_WINDOW, 0)
+        node_events = [
+            (e, n)
+            for e, n in NodeEvent.objects.filter(id__gt=low).values_list("id", "node_id")
+            if e not in self.seen_node_events
+        ]
+        usable = set(Cluster.objects.filter(state__in=SCHEDULABLE_CLUSTERS).values_list("pk", flat=True))
+        ids = {n for _, n in node_events}
+        if usable != self.usable_clusters:
+            ids |= set(self.snap.row_of)  # a cluster changed state: every node's readiness may have
+            self.usable_clusters = usable
         if node_events:
-            self.node_cursor = max(e for e, _ in node_events)
-            ids = {n for _, n in node_events}
-            usable = set(Cluster.objects.filter(state__in=SCHEDULABLE_CLUSTERS).values_list("pk", flat=True))
+            self.node_cursor = max(self.node_cursor, max(e for e, _ in node_events))
+            self.seen_node_events = {e for e in self.seen_node_events if e > low} | {
+                e for e, _ in node_events
+            }
+        if ids:
             for pk, state, cluster_id in Node.objects.filter(pk__in=ids).values_list(
                 "pk", "state", "cluster_id"
             ):
@@ -261,8 +290,11 @@ class SchedulerCache:
                     self.invalidate()  # a node the snapshot has never seen: start over
                     self.rebuild()
                     return
-                snap.set_ready(row, state == NodeState.READY and cluster_id in usable)
-            self._refresh_gpu_health(ids)
+                ready = state == NodeState.READY and cluster_id in usable
+                if bool(snap.ready[row]) != ready:
+                    snap.set_ready(row, ready)
+            if node_events:
+                self._refresh_gpu_health({n for _, n in node_events})
 
     def _refresh_gpu_health(self, node_ids: set[int]) -> None:
         """Healthy GPUs of these nodes, from the database: a GPU turning unhealthy leaves the free
@@ -276,14 +308,17 @@ class SchedulerCache:
             row = snap.row_of.get(node_id)
             if row is not None and health == GpuHealth.HEALTHY and index < 64:
                 healthy[row].add(index)
-        held_by_row: dict[int, set[int]] = defaultdict(set)
+        held_by_row: dict[int, list[Held]] = defaultdict(list)
         for counted in self.held.values():
             for h in counted:
                 if h.gpu >= 0 and h.row in healthy:
-                    held_by_row[h.row].add(h.gpu)
+                    held_by_row[h.row].append(h)
         for row, indices in healthy.items():
+            held = held_by_row.get(row, [])
+            for h in held:  # a held GPU is never free; it counts while healthy
+                h.counted = h.gpu in indices
             bits = 0
-            for i in indices - held_by_row[row]:
+            for i in indices - {h.gpu for h in held}:
                 bits |= 1 << i
             if int(snap.free_bits[row]) != bits or int(snap.gpu_total[row]) != len(indices):
                 snap.free_bits[row] = np.uint64(bits)
@@ -307,7 +342,9 @@ class SchedulerCache:
             job = jobs.get(job_id)
             held_now = active.get(job_id, [])
             counted = self.held.get(job_id)
-            if counted is not None and len(counted) != len(held_now):
+            # Which rows, not how many: a job requeued and placed again by another process holds
+            # as many GPUs as before, elsewhere.
+            if counted is not None and _holding(counted) != {(n, g) for n, g, _, _ in held_now}:
                 self._release(job_id)
                 counted = None
             if counted is None and held_now:
@@ -329,8 +366,9 @@ class SchedulerCache:
         counted = []
         for row, indices in rows_and_indices:
             snap.take(row, indices, job.cpu, job.memory)
-            counted.append(Held(row, -1, job.cpu, job.memory))
-            counted += [Held(row, i, 0, 0) for i in indices]
+            node_id = int(snap.node_id[row])
+            counted.append(Held(row, -1, job.cpu, job.memory, node_id=node_id))
+            counted += [Held(row, i, 0, 0, node_id=node_id, gpu_id=snap.gpu_ids[row].get(i)) for i in indices]
         self.held[job.id] = counted
         self.job_queue[job.id] = (queue_id, job.model)
         if job.total_gpus and job.model >= 0:
@@ -402,6 +440,10 @@ class SchedulerCache:
             attempts=attempts,
             version=version,
         )
+
+
+def _holding(counted: list[Held]) -> set[tuple[int, int | None]]:
+    return {(h.node_id, h.gpu_id if h.gpu >= 0 else None) for h in counted}
 
 
 _VIEW_FIELDS = (

@@ -107,8 +107,8 @@ def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
                         limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
                     )
                 with phase("4_commit"):
-                    placed, lost = commit(decisions, snap, report.epoch)
-                    cache.placed_by_us.update(d.job.id for d in placed)
+                    placed, lost, attempt_ids = commit(decisions, snap, report.epoch)
+                    cache.placed_by_us.update(attempt_ids)
                     for job in lost:
                         cache.forget_lost(job)
                 with phase("5_explain"):
@@ -361,15 +361,18 @@ def _why(profile: Profile, state: CycleState, snap: Any, job: JobView) -> Status
 # --- 4. commit -------------------------------------------------------------------------------
 
 
-def commit(decisions: list[Placement], snap: Any, epoch: int) -> tuple[list[Placement], list[JobView]]:
-    """Write every decision in the current transaction; returns (placed, jobs that lost a race)."""
+def commit(
+    decisions: list[Placement], snap: Any, epoch: int
+) -> tuple[list[Placement], list[JobView], list[uuid.UUID]]:
+    """Write every decision in the current transaction; returns (placed, jobs that lost a race,
+    the new attempts' ids)."""
     if not decisions:
-        return [], []
+        return [], [], []
     won = _claim([d.job for d in decisions])
     placed = [d for d in decisions if d.job.id in won]
     lost = [d.job for d in decisions if d.job.id not in won]
     if not placed:
-        return [], lost
+        return [], lost, []
     now = timezone.now()
     # Rows are built text-ready for COPY (one string per timestamp and attempt id, "t" for
     # true, NULL as \N); ``_insert`` turns them back into values for SQLite.
@@ -451,7 +454,7 @@ def commit(decisions: list[Placement], snap: Any, epoch: int) -> tuple[list[Plac
 
     for project_id, ids in by_project.items():
         publish_on_commit([f"project.{project_id}"], JobsScheduled(project_id, ids[:100], len(ids), epoch))
-    return placed, lost
+    return placed, lost, [uuid.UUID(row[0]) for row in attempts]
 
 
 def _claim(jobs: list[JobView]) -> set[int]:

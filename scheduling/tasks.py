@@ -21,3 +21,10 @@ def dispatch_outbox_task() -> int:
     from scheduling.agentwork import dispatch_outbox
 
     return dispatch_outbox()
+
+
+@shared_task(ignore_result=True)
+def sweep_lost_nodes_task() -> int:
+    from scheduling.agentwork import sweep_lost_nodes
+
+    return sweep_lost_nodes()

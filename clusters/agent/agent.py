@@ -108,7 +108,7 @@ class Agent:
             except ServerUnavailable as exc:
                 log.warning("cannot register yet: %s", exc)
                 return
-        self._spool(self.runner.poll())
+        self._spool_ends()
         try:
             answer = self._post("heartbeat", self._report(), self.credential)
         except ServerUnavailable as exc:
@@ -116,7 +116,7 @@ class Agent:
             return
         self.interval = float(answer.get("interval") or self.interval)
         self._reconcile(answer.get("desired") or [], set(answer.get("stop") or []))
-        self._spool(self.runner.poll())
+        self._spool_ends()
         self._deliver()
 
     def _report(self) -> dict[str, Any]:
@@ -156,6 +156,14 @@ class Agent:
             self._spool([{"attempt": attempt_id, "state": "running", "node_rank": entry.get("node_rank", 0)}])
 
     # --- reports, with a spool that survives outages ------------------------------------------
+    def _spool_ends(self) -> None:
+        """Ended attempts: spool the report first, then mark the attempt reported, so a crash
+        in between reports it twice (harmless) rather than never."""
+        ended = self.runner.poll()
+        self._spool(ended)
+        for report in ended:
+            self.runner.mark_reported(report["attempt"], report["state"])
+
     def _spool(self, reports: list[dict[str, Any]]) -> None:
         if not reports:
             return
@@ -165,8 +173,9 @@ class Agent:
 
     def _deliver(self) -> None:
         path = self.work / "spool.jsonl"
-        reports = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        chunks = self.runner.new_output()
+        lines = path.read_text().splitlines() if path.exists() else []
+        reports = [json.loads(line) for line in lines[:500]]  # the server takes 1000 at most
+        chunks = self.runner.new_output()[:20]  # 256 KiB each at most: a POST stays under 8 MiB
         if not reports and not chunks:
             return
         body = {
@@ -180,7 +189,7 @@ class Agent:
             log.warning("reports kept for later: %s", exc)
             return
         if reports:
-            path.write_text("")
+            path.write_text("".join(line + "\n" for line in lines[len(reports) :]))
         self.runner.mark_shipped(chunks)
 
     def _post(self, endpoint: str, body: dict[str, Any], bearer: str | None) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class Runner:
         _signal_group(attempt.pgid, signal.SIGTERM)
 
     def running_ids(self) -> list[str]:
-        return [a.id for a in self.attempts.values() if not (a.directory / "reported").exists()]
+        return list(self.attempts)
 
     # --- watching -------------------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
@@ -129,7 +129,9 @@ class Runner:
         if attempt.popen is not None:
             if attempt.popen.poll() is None:
                 return True
-        elif _group_alive(attempt.pgid):
+        elif not (attempt.directory / "exit_code").exists() and _group_alive(attempt.pgid):
+            # adopted after a restart: the exit_code file, not the process group id (which may
+            # have been reused), says that it ended
             return True
         # The shell is gone; make sure nothing of the group lingers.
         if _group_alive(attempt.pgid):
@@ -153,8 +155,11 @@ class Runner:
         if state == "failed" and code is None:
             reason = "killed"
         del self.attempts[attempt.id]
-        (attempt.directory / "reported").write_text(state)
         return {"attempt": attempt.id, "state": state, "exit_code": code, "reason": reason}
+
+    def mark_reported(self, attempt_id: str, state: str) -> None:
+        """Called once the end of an attempt is safely in the spool."""
+        (self.root / attempt_id / "reported").write_text(state)
 
     def new_output(self, limit: int = 256 * 1024) -> list[dict[str, Any]]:
         """Output not shipped yet, per attempt (running or just ended)."""
@@ -172,6 +177,13 @@ class Runner:
             with open(log, "rb") as handle:
                 handle.seek(shipped)
                 data = handle.read(limit)
+            if len(data) == limit:  # do not cut a UTF-8 character in two: end on a whole one
+                keep = len(data)
+                while keep > len(data) - 4 and keep > 0 and (data[keep - 1] & 0xC0) == 0x80:
+                    keep -= 1
+                if keep > 0 and data[keep - 1] >= 0xC0:
+                    keep -= 1
+                data = data[:keep] or data
             chunks.append(
                 {
                     "attempt": directory.name,

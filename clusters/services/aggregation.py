@@ -125,7 +125,7 @@ def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bo
                 boot_id = v.boot_id, seq = v.seq, fingerprint = v.fp
             FROM unnest(%s::bigint[], %s::float8[], %s::text[], %s::bigint[], %s::text[]) AS v(node_id, t, boot_id, seq, fp)
             JOIN clusters_nodelastseen old ON old.node_id = v.node_id
-            WHERE l.node_id = v.node_id AND old.seen_at < to_timestamp(v.t)
+            WHERE l.node_id = v.node_id AND old.seen_at < to_timestamp(v.t) AND l.seen_at < to_timestamp(v.t)
             RETURNING l.node_id, left(old.fingerprint, 16) <> left(v.fp, 16), substr(old.fingerprint, 17) <> substr(v.fp, 17)
             """,
             [float(settings.NODE_GRACE), *params],

@@ -64,7 +64,9 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
     failover = now - timedelta(seconds=settings.NODE_FAILOVER_AFTER)
     recovery = now - timedelta(seconds=settings.NODE_RECOVERY)
 
-    rows = Node.objects.values_list(
+    # Only nodes the lifecycle watches count: a drained or cordoned node switched off for
+    # maintenance is not "silent", and must not pause failover or make its cluster unreachable.
+    rows = Node.objects.filter(state__in=WATCHED).values_list(
         "pk", "cluster_id", "state", "state_changed_at", "last_seen__seen_at", "last_seen__good_since"
     )
     totals: dict[int, int] = defaultdict(int)
@@ -168,7 +170,7 @@ def _move(ids: list[int], from_states: str | tuple[str, ...], to: str, reason: s
 
 def _update_clusters(totals: dict[int, int], silent: dict[int, int]) -> None:
     states = dict(
-        Node.objects.exclude(state=NodeState.READY)
+        Node.objects.filter(state__in=(NodeState.NOT_READY, NodeState.DOWN))
         .values("cluster_id")
         .annotate(n=Count("id"))
         .values_list("cluster_id", "n")

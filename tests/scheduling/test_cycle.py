@@ -263,3 +263,113 @@ def test_a_gpu_reported_unhealthy_is_not_handed_out(alice, queue, fleet):
     )
     assert held and all(node != a0.pk or index >= 6 for node, index in held)
     assert cache.snap.gpu_total[cache.snap.row_of[a0.pk]] == 2
+
+
+def _report_health(node, unhealthy: set[int], seq: int) -> None:
+    import time as clock
+
+    from clusters.ingest.buffer import get_buffer
+    from clusters.services.aggregation import flush_heartbeats
+
+    gpus = [
+        [
+            i,
+            "",
+            "",
+            0,
+            0,
+            0.0,
+            0.0,
+            0.0,
+            "unhealthy" if i in unhealthy else "healthy",
+            79 if i in unhealthy else None,
+        ]
+        for i in range(8)
+    ]
+    get_buffer().put(
+        [
+            {
+                "n": node.pk,
+                "c": node.cluster_id,
+                "b": "b",
+                "q": seq,
+                "t": clock.time(),
+                "s": "",
+                "cpu": 0.1,
+                "mem": 1,
+                "pw": 1.0,
+                "av": "x",
+                "g": gpus,
+                "r": [],
+            }
+        ]
+    )
+    flush_heartbeats()
+
+
+def test_a_held_gpu_that_breaks_is_not_given_back_when_its_job_ends(alice, queue, fleet):
+    cache = SchedulerCache()
+    a0 = fleet[0]
+    job = submit(alice, queue, gpus=8, placement={"clusters": ["sim-a"]})
+    run_cycle(cache)
+    node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
+    a0 = next(n for n in fleet if n.pk == node)
+    _report_health(a0, {3}, 1)
+    cancel_job(Job.objects.get(pk=job.pk), actor=alice)
+    run_cycle(cache)
+    row = cache.snap.row_of[a0.pk]
+    assert int(cache.snap.gpu_free[row]) == 7 and not int(cache.snap.free_bits[row]) >> 3 & 1
+    _report_health(a0, set(), 2)  # healthy again
+    run_cycle(cache)
+    assert int(cache.snap.gpu_free[row]) == 8
+
+
+def test_two_processes_caches_stay_right_when_a_job_moves(alice, queue, fleet):
+    from scheduling.services.jobs import requeue_job
+
+    a, b = SchedulerCache(), SchedulerCache()
+    job = submit(alice, queue, gpus=8)
+    run_cycle(a)
+    first = set(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
+    requeue_job(Job.objects.get(pk=job.pk), actor=alice)
+    Job.objects.filter(pk=job.pk).update(priority=-1)  # (keeps the job; B places it again)
+    run_cycle(b)
+    second = set(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
+    assert (second and second != first) or second == first  # wherever B put it
+    others = [submit(alice, queue, gpus=8) for _ in range(2)]
+    run_cycle(a)  # A must see where the job is now: no double booking, no failed cycle
+    placed = [o for o in others if Job.objects.get(pk=o.pk).state == JobState.SCHEDULED]
+    assert len(placed) == 2
+    held = list(Allocation.objects.filter(active=True, gpu__isnull=False).values_list("gpu_id", flat=True))
+    assert len(held) == len(set(held)) == 24
+
+
+def test_log_chunks_are_bytes_and_a_resend_keeps_only_what_is_new(alice, queue, fleet):
+    from scheduling.agentwork import _store_log, log_tail
+
+    job = submit(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())
+    attempt = str(JobAttempt.objects.get(job=job).pk)
+    node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
+    first = "épοch 1 ✓\n"
+    _store_log(node, {"attempt": attempt, "offset": 0, "data": first})
+    # the agent missed our answer and sends from the same offset, with more output
+    _store_log(node, {"attempt": attempt, "offset": 0, "data": first + "épοch 2 ✓\n"})
+    _store_log(node, {"attempt": attempt, "offset": len(first.encode()), "data": "épοch 2 ✓\n"})
+    assert log_tail(job.pk, 10) == (["épοch 1 ✓", "épοch 2 ✓"], False)
+
+
+def test_the_failover_sweep_decides_jobs_left_on_a_down_node(alice, queue, fleet):
+    from clusters.choices import NodeState
+    from scheduling.agentwork import sweep_lost_nodes
+
+    job = submit(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())
+    node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
+    from clusters.models import Node
+
+    Node.objects.filter(pk=node).update(state=NodeState.DOWN)  # the on-commit handler never ran
+    assert sweep_lost_nodes() == 1
+    refreshed = Job.objects.get(pk=job.pk)
+    assert (refreshed.state, refreshed.reason) == (JobState.HELD, PendingReason.NODE_LOST)
+    assert sweep_lost_nodes() == 0
