@@ -31,3 +31,10 @@ def prune_metrics_task() -> int:
 @shared_task(ignore_result=True)
 def settle_draining_nodes_task() -> int:
     return settle_draining_nodes()
+
+
+@shared_task(ignore_result=True)
+def collect_slurm_clusters_task() -> int:
+    from clusters.services.slurm import collect_all
+
+    return collect_all()

@@ -160,6 +160,7 @@ _PERIODIC = {
     "simulated-clusters": ("scheduling.tasks.simulated_clusters_task", 1.0),
     "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 2.0),
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
+    "collect-slurm": ("clusters.tasks.collect_slurm_clusters_task", 10.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {

@@ -72,12 +72,14 @@ def node_state(
     state: str | list[str] | None, flags: list[str] | None = None, reason: str = ""
 ) -> tuple[str, str]:
     """Orrery's state and a reason for a Slurm node. A drained or draining node is an
-    operator's decision and maps to ``drained``/``draining``; a node not responding is lost."""
+    operator's decision and maps to ``drained``/``draining``; a node not responding takes no new
+    work, and is lost (``down``) once Slurm says so."""
     parts = [state] if isinstance(state, str) else list(state or [])
     words = {p.lower() for p in parts} | {f.lower() for f in (flags or [])}
     base = next((w for w in (p.lower() for p in parts) if w in NODE_STATES), "unknown")
     if "not_responding" in words:
-        return NodeState.DOWN, reason or "slurmd not responding"
+        # a flag Slurm raises between pings; Slurm itself calls the node DOWN after SlurmdTimeout
+        return (NodeState.DOWN if base == "down" else NodeState.NOT_READY), reason or "slurmd not responding"
     if "drain" in words or "draining" in words or "drained" in words:
         busy = base in {"mixed", "allocated", "completing"}
         return (NodeState.DRAINING if busy else NodeState.DRAINED), reason or "drained in Slurm"

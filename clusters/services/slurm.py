@@ -1,0 +1,148 @@
+"""Slurm clusters as members of the fleet: onboarding with a connection test, and the
+collector that keeps their nodes and GPUs current through the ordinary heartbeat pipeline."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from clusters.adapters.slurm import SlurmClient, SlurmError, SlurmNode
+from clusters.choices import OPERATOR_NODE_STATES, ClusterKind, ClusterState, NodeState
+from clusters.events import NodeStateChanged
+from clusters.ingest.buffer import get_buffer
+from clusters.live import publish_on_commit
+from clusters.models import Cluster, ClusterSecret, Node, NodeEvent
+from clusters.selectors import resolve_gpu_model
+from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
+
+log = logging.getLogger(__name__)
+_BOOT = uuid.uuid4().hex  # one "boot" per collector process: its sequence numbers start afresh
+
+
+@dataclass(frozen=True)
+class Collected:
+    nodes: int
+    gpus: int
+    unknown_gpu_types: tuple[str, ...]
+
+
+def client_for(cluster: Cluster) -> SlurmClient:
+    secret = ClusterSecret.objects.filter(cluster=cluster).values_list("data", flat=True).first() or {}
+    return SlurmClient(
+        cluster.config.get("url", ""), secret.get("token", ""), cluster.config.get("user", "root")
+    )
+
+
+@transaction.atomic
+def onboard_slurm(name: str, url: str, token: str, *, user: str = "root") -> tuple[Cluster, Collected]:
+    """Test the connection, then add (or update) the cluster and read its nodes. Raises
+    ``SlurmError`` saying what is wrong; nothing is created then."""
+    client = SlurmClient(url, token, user)
+    version = client.connect()
+    cluster, _ = Cluster.objects.update_or_create(
+        name=name,
+        defaults={"kind": ClusterKind.SLURM, "config": {"url": url, "user": user, "api": version}},
+    )
+    ClusterSecret.objects.update_or_create(cluster=cluster, defaults={"data": {"token": token}})
+    collected = collect(cluster, client)
+    if cluster.state == ClusterState.ONBOARDING:
+        Cluster.objects.filter(pk=cluster.pk).update(
+            state=ClusterState.READY, state_reason=f"slurmrestd {version}"
+        )
+    return cluster, collected
+
+
+def collect(cluster: Cluster, client: SlurmClient | None = None) -> Collected:
+    """One inventory pass: nodes and GPUs as Slurm sees them. Nodes Slurm reports healthy send a
+    heartbeat through the buffer (so the lifecycle treats them like any other); drained and
+    down nodes take Slurm's state at once."""
+    client = client or client_for(cluster)
+    nodes = client.nodes()
+    unknown: set[str] = set()
+    gpus = 0
+    existing = dict(Node.objects.filter(cluster=cluster).values_list("name", "pk"))
+    records = []
+    now = time.time()
+    for n in nodes:
+        model = resolve_gpu_model(n.gpu_type) if n.gpu_type else None
+        if n.gpus and model is None:
+            unknown.add(n.gpu_type or "(untyped)")
+        description = NodeDescription(
+            name=n.name,
+            cpu_millicores=n.cpus * 1000,
+            memory_bytes=n.memory_mb * 2**20,
+            gpus=[GpuDescription(index=i, model=model) for i in range(n.gpus)] if model else [],
+            labels={"slurm.io/partitions": ",".join(n.partitions)},
+            agent_version="slurm",
+            boot_id=_BOOT,
+        )
+        if n.name not in existing:
+            existing[n.name] = upsert_node(cluster, description).pk
+        gpus += n.gpus if model else 0
+        _follow_slurm_state(existing[n.name], n)
+        if n.state == NodeState.READY:
+            records.append(
+                {
+                    "n": existing[n.name],
+                    "c": cluster.pk,
+                    "b": _BOOT,
+                    "q": int(now * 1000),
+                    "t": now,
+                    "s": "",
+                    "cpu": None,
+                    "mem": None,
+                    "pw": None,
+                    "av": "slurm",
+                    "g": [[i, "", "", 0, None, None, None, None, "healthy", None] for i in range(n.gpus)],
+                    "r": [],
+                }
+            )
+    if records:
+        get_buffer().put(records)
+    return Collected(len(nodes), gpus, tuple(sorted(unknown)))
+
+
+def _follow_slurm_state(node_id: int, n: SlurmNode) -> None:
+    """Slurm's drain and down are facts about the node Orrery must not schedule around; a
+    node Slurm calls healthy is left to the heartbeat lifecycle (it may be drained in Orrery)."""
+    if n.state not in (NodeState.DOWN, NodeState.DRAINED, NodeState.DRAINING):
+        if Node.objects.filter(
+            pk=node_id, state__in=OPERATOR_NODE_STATES | {NodeState.DOWN}, state_reason__startswith="slurm: "
+        ).exists():
+            _set(node_id, NodeState.NOT_READY, "slurm: back in service")
+        return
+    _set(node_id, n.state, f"slurm: {n.reason or n.state}")
+
+
+def _set(node_id: int, state: str, reason: str) -> None:
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=node_id).first()
+        if node is None or node.state == state:
+            return
+        now = timezone.now()
+        Node.objects.filter(pk=node_id, state=node.state).update(
+            state=state, state_reason=reason[:255], state_changed_at=now
+        )
+        NodeEvent.objects.create(node_id=node_id, from_state=node.state, to_state=state, reason=reason[:255])
+        publish_on_commit(
+            [f"cluster.{node.cluster_id}"],
+            NodeStateChanged(node_id, node.cluster_id, node.name, node.state, state, reason, now.isoformat()),
+        )
+
+
+def collect_all() -> int:
+    """Collect every Slurm cluster; an unreachable one is logged and left to the lifecycle,
+    which marks it unreachable when its nodes fall silent."""
+    done = 0
+    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM).exclude(state=ClusterState.DISABLED):
+        try:
+            collect(cluster)
+            done += 1
+        except SlurmError as exc:
+            log.warning("slurm cluster %s: %s", cluster.name, exc)
+    return done
