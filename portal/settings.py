@@ -161,6 +161,8 @@ _PERIODIC = {
     "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 2.0),
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
     "collect-slurm": ("clusters.tasks.collect_slurm_clusters_task", 10.0),
+    "slurm-dispatch": ("scheduling.tasks.slurm_dispatch_task", 2.0),
+    "slurm-sync": ("scheduling.tasks.slurm_sync_task", 5.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {

@@ -28,3 +28,17 @@ def sweep_lost_nodes_task() -> int:
     from scheduling.agentwork import sweep_lost_nodes
 
     return sweep_lost_nodes()
+
+
+@shared_task(ignore_result=True)
+def slurm_dispatch_task() -> int:
+    from scheduling.slurm import dispatch_slurm
+
+    return dispatch_slurm()
+
+
+@shared_task(ignore_result=True)
+def slurm_sync_task() -> int:
+    from scheduling.slurm import sync_all
+
+    return sync_all()

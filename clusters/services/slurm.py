@@ -39,7 +39,9 @@ def client_for(cluster: Cluster) -> SlurmClient:
 
 
 @transaction.atomic
-def onboard_slurm(name: str, url: str, token: str, *, user: str = "root") -> tuple[Cluster, Collected]:
+def onboard_slurm(
+    name: str, url: str, token: str, *, user: str = "root", slurm_conf: str = ""
+) -> tuple[Cluster, Collected]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
     ``SlurmError`` saying what is wrong; nothing is created then."""
     client = SlurmClient(url, token, user)

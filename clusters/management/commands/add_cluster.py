@@ -15,14 +15,19 @@ class Command(BaseCommand):
         parser.add_argument("--url", required=True, help="slurmrestd, e.g. http://slurm-head:6820")
         parser.add_argument("--token-file", required=True, type=Path, help="a file holding the JWT")
         parser.add_argument("--user", default="root", help="the Slurm user Orrery acts as")
+        parser.add_argument(
+            "--slurm-conf", default="", help="slurm.conf for the sbatch client (pins node lists)"
+        )
 
-    def handle(self, *args, kind: str, name: str, url: str, token_file: Path, user: str, **options) -> None:
+    def handle(
+        self, *args, kind: str, name: str, url: str, token_file: Path, user: str, slurm_conf: str, **options
+    ) -> None:
         try:
             token = token_file.read_text().strip()
         except OSError as exc:
             raise CommandError(f"cannot read {token_file}: {exc}") from exc
         try:
-            cluster, collected = onboard_slurm(name, url, token, user=user)
+            cluster, collected = onboard_slurm(name, url, token, user=user, slurm_conf=slurm_conf)
         except SlurmError as exc:
             raise CommandError(f"connection test failed: {exc}") from exc
         api = cluster.config["api"]
