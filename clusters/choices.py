@@ -28,8 +28,6 @@ class NodeState(models.TextChoices):
     CORDONED = "cordoned", "Cordoned"
 
 
-# States in which the scheduler may place new work on a node.
-SCHEDULABLE_NODE_STATES = frozenset({NodeState.READY})
 # States an operator put the node in; heartbeats never move a node out of these.
 OPERATOR_NODE_STATES = frozenset({NodeState.DRAINING, NodeState.DRAINED, NodeState.CORDONED})
 

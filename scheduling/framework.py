@@ -147,13 +147,3 @@ class ReservePlugin(Plugin, Protocol):
 class PostFilterPlugin(Plugin, Protocol):
     def post_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
         """Called when nothing fits (preemption lives here)."""
-
-
-EXTENSION_POINTS: dict[str, type] = {
-    "queue_sort": QueueSortPlugin,
-    "pre_filter": PreFilterPlugin,
-    "filter": FilterPlugin,
-    "score": ScorePlugin,
-    "reserve": ReservePlugin,
-    "post_filter": PostFilterPlugin,
-}

@@ -29,13 +29,6 @@ def scheduler_cache() -> SchedulerCache:
         return _cache
 
 
-def reset_scheduler_cache() -> None:
-    """Forget the process's cache (tests, and operators after restoring a database)."""
-    global _cache
-    with _lock:
-        _cache = None
-
-
 def advance_simulated_jobs() -> dict[str, int]:
     """Start what was placed on simulated clusters and finish what has run its course."""
     started = list(

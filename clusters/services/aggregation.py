@@ -376,7 +376,3 @@ def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
                 [(u, m, p, t, at, n, i) for n, i, u, m, p, t, at in gpus],
             )
     return len(records)
-
-
-def node_ids_of(records: Iterable[Record]) -> list[int]:
-    return [r["n"] for r in records]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -232,7 +231,3 @@ def _identity(plaintext: str, kind: type, live: Any) -> Any:
 def forget_cached_identities() -> None:
     """For tests and operators' tools: make the next request read the database."""
     _identities.clear()
-
-
-def heartbeat_interval_s() -> int:
-    return settings.ORRERY_HEARTBEAT_INTERVAL
