@@ -21,9 +21,11 @@ from typing import Any
 from django.core.cache import cache
 from django.db import transaction
 
-from scheduling.choices import ACTIVE_STATES, JobState
+from clusters.choices import ClusterKind, NodeState
+from clusters.models import Node
+from scheduling.choices import ACTIVE_STATES, FailoverPolicy, JobState, PendingReason
 from scheduling.desired import TTL_S, desired_key, forget_desired
-from scheduling.models import Allocation, JobAttempt, JobLog
+from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobLog
 from scheduling.services.transitions import InvalidTransition, TransitionConflict, transition_job
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,6 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
 
 
 def _address(node_id: int) -> str:
-    from clusters.models import Node
-
     name, labels = Node.objects.filter(pk=node_id).values_list("name", "labels").first() or ("", {})
     return (labels or {}).get("orrery.io/address") or name
 
@@ -112,7 +112,7 @@ def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[s
         except (InvalidTransition, TransitionConflict):
             ignored += 1  # already there, or overtaken (a cancel): nothing to do
     for chunk in logs:
-        _store_log(node_id, chunk)
+        store_log(node_id, chunk)
     return {"applied": applied, "ignored": ignored}
 
 
@@ -146,15 +146,13 @@ def _apply(attempt: JobAttempt, node_id: int, report: dict[str, Any]) -> None:
         raise InvalidTransition(job.pk, job.state, state)
 
 
-def _store_log(node_id: int, chunk: dict[str, Any]) -> None:
+def store_log(node_id: int, chunk: dict[str, Any]) -> None:
     """Append a chunk of output, in bytes: ``offset`` is where the chunk starts in the stream,
     so a chunk sent again (the agent missed our answer) is recognised and only its new bytes
     are kept."""
     attempt = JobAttempt.objects.filter(pk=chunk["attempt"]).values_list("pk", "job_id").first()
     if attempt is None:
         return
-    from clusters.models import Node
-
     node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
     offset, data = int(chunk["offset"]), str(chunk["data"]).encode()
     with transaction.atomic():
@@ -204,8 +202,6 @@ def handle_node_lost(node_ids: list[int]) -> int:
     (a new attempt elsewhere), ``hold`` (wait for an operator) or ``fail``. Idempotent, and run
     both when the lifecycle takes nodes down and as a periodic sweep, so a job whose failover
     lost a race or an error is decided again. Returns how many jobs it moved."""
-    from scheduling.choices import FailoverPolicy, PendingReason
-
     attempts = JobAttempt.objects.filter(
         active=True, allocations__node_id__in=node_ids, allocations__active=True
     )
@@ -247,9 +243,6 @@ def handle_node_lost(node_ids: list[int]) -> int:
 
 def sweep_lost_nodes() -> int:
     """Failover for jobs still holding a ``down`` node (the periodic safety net)."""
-    from clusters.choices import NodeState
-    from clusters.models import Node
-
     down = list(Node.objects.filter(state=NodeState.DOWN).values_list("pk", flat=True))
     return handle_node_lost(down) if down else 0
 
@@ -260,9 +253,6 @@ def dispatch_outbox(limit: int = 5000) -> int:
     sent. Idempotent: a row delivered twice changes nothing. Runs as a periodic sweep (and so
     re-drives anything a lost wake-up left behind); simulated clusters deliver their own rows,
     other kinds their dispatchers."""
-    from clusters.choices import ClusterKind
-    from scheduling.models import DispatchOutbox
-
     rows = list(
         DispatchOutbox.objects.filter(state=DispatchOutbox.State.PENDING, cluster__kind=ClusterKind.NATIVE)
         .order_by("id")

@@ -21,7 +21,7 @@ from clusters.adapters.slurm import SlurmError, decode_exit, job_state
 from clusters.choices import ClusterKind
 from clusters.models import Cluster
 from clusters.services.slurm import client_for
-from scheduling.agentwork import _store_log
+from scheduling.agentwork import store_log
 from scheduling.choices import ACTIVE_STATES, JobState
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt
 from scheduling.services.transitions import InvalidTransition, TransitionConflict, transition_job
@@ -186,7 +186,7 @@ def _copy_output(attempt: JobAttempt) -> None:
         .first()
     )
     data = path.read_bytes()[-(1 << 20) :]
-    _store_log(
+    store_log(
         head,
         {
             "attempt": str(attempt.pk),

@@ -345,17 +345,17 @@ def test_two_processes_caches_stay_right_when_a_job_moves(alice, queue, fleet):
 
 
 def test_log_chunks_are_bytes_and_a_resend_keeps_only_what_is_new(alice, queue, fleet):
-    from scheduling.agentwork import _store_log, log_tail
+    from scheduling.agentwork import log_tail, store_log
 
     job = submit(alice, queue, gpus=1)
     run_cycle(SchedulerCache())
     attempt = str(JobAttempt.objects.get(job=job).pk)
     node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
     first = "épοch 1 ✓\n"
-    _store_log(node, {"attempt": attempt, "offset": 0, "data": first})
+    store_log(node, {"attempt": attempt, "offset": 0, "data": first})
     # the agent missed our answer and sends from the same offset, with more output
-    _store_log(node, {"attempt": attempt, "offset": 0, "data": first + "épοch 2 ✓\n"})
-    _store_log(node, {"attempt": attempt, "offset": len(first.encode()), "data": "épοch 2 ✓\n"})
+    store_log(node, {"attempt": attempt, "offset": 0, "data": first + "épοch 2 ✓\n"})
+    store_log(node, {"attempt": attempt, "offset": len(first.encode()), "data": "épοch 2 ✓\n"})
     assert log_tail(job.pk, 10) == (["épοch 1 ✓", "épοch 2 ✓"], False)
 
 
