@@ -20,7 +20,7 @@ from django.db import transaction
 from clusters.adapters.slurm import SlurmError, decode_exit, job_state
 from clusters.choices import ClusterKind
 from clusters.models import Cluster
-from clusters.services.slurm import client_for
+from clusters.services.slurm import client_for, for_each_slurm_cluster
 from scheduling.agentwork import store_log
 from scheduling.choices import ACTIVE_STATES, JobState
 from scheduling.models import Allocation, DispatchOutbox, JobAttempt
@@ -197,11 +197,5 @@ def _copy_output(attempt: JobAttempt) -> None:
 
 
 def sync_all() -> int:
-    done = 0
-    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM):
-        try:
-            sync_slurm(cluster)
-            done += 1
-        except SlurmError as exc:
-            log.warning("slurm cluster %s: %s", cluster.name, exc)
-    return done
+    """Sync every Slurm cluster's jobs, disabled ones too: work already there must still finish."""
+    return for_each_slurm_cluster(sync_slurm, include_disabled=True)

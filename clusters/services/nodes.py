@@ -33,7 +33,7 @@ def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
     return set(import_string(settings.ORRERY_NODE_WORKLOAD)(list(node_ids)))
 
 
-def _set_state(
+def set_node_state(
     node: Node, to: str, allowed: Iterable[str], *, actor: AbstractBaseUser | None, reason: str
 ) -> bool:
     """Move one node to ``to`` if it is still in one of ``allowed``. False if someone else won."""
@@ -63,7 +63,7 @@ def drain_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "") 
         return node
     to = NodeState.DRAINING if node.pk in busy_node_ids([node.pk]) else NodeState.DRAINED
     allowed = set(NodeState.values) - {NodeState.DRAINING, NodeState.DRAINED}
-    _set_state(node, to, allowed, actor=actor, reason=reason or "drained by an operator")
+    set_node_state(node, to, allowed, actor=actor, reason=reason or "drained by an operator")
     return node
 
 
@@ -72,7 +72,7 @@ def cordon_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
     """Stop new placements on the node without waiting for anything; running work goes on."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     allowed = {NodeState.READY, NodeState.NOT_READY, NodeState.DOWN}
-    if node.state != NodeState.CORDONED and not _set_state(
+    if node.state != NodeState.CORDONED and not set_node_state(
         node, NodeState.CORDONED, allowed, actor=actor, reason=reason or "cordoned by an operator"
     ):
         raise NodeActionRefused(f"{node} is {node.state}; only a ready, not-ready or down node is cordoned.")
@@ -91,7 +91,7 @@ def resume_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
         node=node, seen_at__gte=timezone.now() - timedelta(seconds=settings.NODE_GRACE)
     ).exists()
     to = NodeState.READY if fresh else NodeState.NOT_READY
-    _set_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator")
+    set_node_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator")
     return node
 
 
@@ -108,7 +108,7 @@ def settle_draining_nodes(node_ids: Iterable[int] | None = None) -> int:
     settled = 0
     with transaction.atomic():
         for node in nodes:
-            if node.pk not in busy and _set_state(
+            if node.pk not in busy and set_node_state(
                 node, NodeState.DRAINED, {NodeState.DRAINING}, actor=None, reason="drained: no work left"
             ):
                 settled += 1

@@ -6,19 +6,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.utils import timezone
 
 from clusters.adapters.slurm import SlurmClient, SlurmError, SlurmNode
 from clusters.choices import OPERATOR_NODE_STATES, ClusterKind, ClusterState, NodeState
-from clusters.events import NodeStateChanged
 from clusters.ingest.buffer import get_buffer
-from clusters.live import publish_on_commit
-from clusters.models import Cluster, ClusterSecret, Node, NodeEvent
+from clusters.models import Cluster, ClusterSecret, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
+from clusters.services.nodes import set_node_state
 
 log = logging.getLogger(__name__)
 _BOOT = uuid.uuid4().hex  # one "boot" per collector process: its sequence numbers start afresh
@@ -124,27 +123,27 @@ def _follow_slurm_state(node_id: int, n: SlurmNode) -> None:
 def _set(node_id: int, state: str, reason: str) -> None:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(pk=node_id).first()
-        if node is None or node.state == state:
-            return
-        now = timezone.now()
-        Node.objects.filter(pk=node_id, state=node.state).update(
-            state=state, state_reason=reason[:255], state_changed_at=now
-        )
-        NodeEvent.objects.create(node_id=node_id, from_state=node.state, to_state=state, reason=reason[:255])
-        publish_on_commit(
-            [f"cluster.{node.cluster_id}"],
-            NodeStateChanged(node_id, node.cluster_id, node.name, node.state, state, reason, now.isoformat()),
-        )
+        if node is not None and node.state != state:
+            set_node_state(node, state, {node.state}, actor=None, reason=reason[:255])
+
+
+def for_each_slurm_cluster(work: Callable[[Cluster], object], *, include_disabled: bool = False) -> int:
+    """Run ``work`` on every Slurm cluster; one that cannot be reached is logged and skipped.
+    Returns how many clusters it ran on without a Slurm error."""
+    clusters = Cluster.objects.filter(kind=ClusterKind.SLURM)
+    if not include_disabled:
+        clusters = clusters.exclude(state=ClusterState.DISABLED)
+    done = 0
+    for cluster in clusters:
+        try:
+            work(cluster)
+            done += 1
+        except SlurmError as exc:
+            log.warning("slurm cluster %s: %s", cluster.name, exc)
+    return done
 
 
 def collect_all() -> int:
     """Collect every Slurm cluster; an unreachable one is logged and left to the lifecycle,
     which marks it unreachable when its nodes fall silent."""
-    done = 0
-    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM).exclude(state=ClusterState.DISABLED):
-        try:
-            collect(cluster)
-            done += 1
-        except SlurmError as exc:
-            log.warning("slurm cluster %s: %s", cluster.name, exc)
-    return done
+    return for_each_slurm_cluster(collect)
