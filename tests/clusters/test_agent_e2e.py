@@ -24,29 +24,22 @@ from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
 from scheduling.models import Allocation
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
+from tests.processes import control_plane_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def service_env(tmp: Path) -> dict[str, str]:
-    """The environment of the server and worker processes: the test database and Redis prefix,
-    and timers short enough for a test."""
-    db = settings.DATABASES["default"]
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "ORRERY_REDIS_PREFIX": settings.ORRERY_REDIS_PREFIX,
-        "ORRERY_CELERY_QUEUE": f"e2e-{os.getpid()}-{time.monotonic_ns()}",
-        "ORRERY_DATA_DIR": str(tmp),
-        "ORRERY_HEARTBEAT_INTERVAL": "1",
-        "ORRERY_NODE_RECOVERY": "1",
-        "ORRERY_NODE_GRACE": "3",
-        "ORRERY_NODE_FAILOVER_AFTER": "5",
-        "ORRERY_FAILOVER_PER_MINUTE": "100",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
+    """The environment of the server and worker processes, with timers short enough for a test."""
+    return control_plane_env(
+        tmp,
+        ORRERY_HEARTBEAT_INTERVAL="1",
+        ORRERY_NODE_RECOVERY="1",
+        ORRERY_NODE_GRACE="3",
+        ORRERY_NODE_FAILOVER_AFTER="5",
+        ORRERY_FAILOVER_PER_MINUTE="100",
+    )
 
 
 class Service:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from clusters.ingest.buffer import get_buffer
 from clusters.models import NodeLastSeen
 from tests.factories import make_cluster, make_node
+from tests.processes import control_plane_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,16 +43,7 @@ def test_worker_and_beat_flush_the_buffer(tmp_path):
             for n in nodes
         ]
     )
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "ORRERY_REDIS_PREFIX": settings.ORRERY_REDIS_PREFIX,
-        "ORRERY_CELERY_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
-        "ORRERY_DATA_DIR": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
+    env = control_plane_env(tmp_path)
     assert connection.vendor == "postgresql", "make test runs on PostgreSQL"
     worker = subprocess.Popen(
         [
