@@ -42,11 +42,13 @@ install() {
     slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge >&2
 }
 
-# A daemon of ours is running when its pid file names a live process with the expected name.
+# A daemon of ours is running when its pid file names a live process with the expected name
+# (not a zombie: where nothing reaps orphans, a killed daemon lingers as one).
 running() {  # pidfile comm
   [ -f "$1" ] || return 1
   local pid; pid=$(cat "$1")
-  [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ]
+  [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ] &&
+    [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]
 }
 
 start() {  # name pidfile comm command...
@@ -102,6 +104,7 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1024
 EnforcePartLimits=ALL
 KillWait=5
+SlurmdTimeout=20
 ReturnToService=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
@@ -129,11 +132,12 @@ up() {
   start slurmrestd "$L/run/slurmrestd.pid" slurmrestd env SLURM_JWT=daemon slurmrestd -f "$SLURM_CONF" \
     -u "$user" -g "$(id -gn "$user")" -a rest_auth/jwt -s openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36 \
     "127.0.0.1:$REST_PORT"
-  # Ready when every node is idle and REST answers with a token.
+  # Ready when every node responds (idle, or running jobs a previous run left) and REST answers.
   local jwt=""
-  for _ in $(seq 1 150); do
+  for _ in $(seq 1 $((150 + NODES * 5))); do  # 0.2 s each: 30 s, and 1 s more per node
     if [ -z "$jwt" ]; then jwt=$(token 2>/dev/null || true); fi
-    if [ -n "$jwt" ] && [ "$(sinfo -h -o '%t' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ] &&
+    if [ -n "$jwt" ] && [ -z "$(sinfo -h -N -o '%t' 2>/dev/null | grep -vx 'idle\|mix\|alloc')" ] &&
+       [ -n "$(sinfo -h -N -o '%t' 2>/dev/null)" ] &&
        curl -sf -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $jwt" \
          "http://127.0.0.1:$REST_PORT/slurm/v0.0.38/ping"; then
       echo "$jwt" > "$L/etc/jwt"
@@ -146,11 +150,17 @@ up() {
     fi
     sleep 0.2
   done
-  log "not ready after 30 s; see $L/log"
+  log "not ready after $((30 + NODES)) s; see $L/log"
   return 1
 }
 
 down() {
+  # Jobs first: their processes (slurmstepd and children) outlive the daemons otherwise.
+  if running "$L/run/slurmctld.pid" slurmctld; then
+    scancel --full --signal=KILL --state=RUNNING --partition=gpu 2>/dev/null || true
+    scancel --partition=gpu 2>/dev/null || true
+    for _ in $(seq 1 50); do [ -z "$(squeue -h -t R,CG 2>/dev/null)" ] && break; sleep 0.2; done
+  fi
   for pidfile in "$L"/run/*.pid; do
     [ -f "$pidfile" ] || continue
     local pid; pid=$(cat "$pidfile")
