@@ -1,3 +1,7 @@
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
@@ -31,3 +35,16 @@ def queue(vision):
 @pytest.fixture
 def node(db):
     return make_node(make_cluster("sim-a"), gpus=8, model="h100", name="a-n001")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm (scripts/slurm-dev-cluster.sh: slurmctld, four slurmd with fake A100s,
+    slurmrestd with JWT), started or found running once per test run; stopped at the end."""
+    script = str(Path(__file__).resolve().parents[1] / "scripts/slurm-dev-cluster.sh")
+    up = subprocess.run([script, "up"], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    env = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in up.stdout.splitlines())
+    os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+    yield env | {"script": script}
+    subprocess.run([script, "down"], capture_output=True, timeout=120)
