@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
+from clusters.adapters.slurm import SlurmError
 from clusters.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from clusters.models import (
     Cluster,
@@ -21,6 +25,7 @@ from clusters.models import (
 )
 from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
+from clusters.services.slurm import client_for, onboard_slurm
 
 _REFUSALS = (NodeActionRefused,)
 
@@ -45,13 +50,70 @@ class GpuModelAdmin(admin.ModelAdmin):
         return obj._devices
 
 
+class SlurmOnboardForm(forms.Form):
+    name = forms.SlugField(max_length=64)
+    url = forms.URLField(
+        label="slurmrestd URL", assume_scheme="http", help_text="e.g. http://slurm-head:6820"
+    )
+    token = forms.CharField(
+        label="JWT", widget=forms.PasswordInput, help_text="scontrol token username=USER lifespan=…"
+    )
+    user = forms.CharField(initial="root", help_text="The Slurm user Orrery submits as.")
+    slurm_conf = forms.CharField(
+        required=False, label="slurm.conf", help_text="For the sbatch client on the Orrery host."
+    )
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     list_display = ["name", "display_name", "kind", "state", "state_reason", "node_count", "created_at"]
     list_filter = ["kind", "state"]
     search_fields = ["name", "display_name"]
     readonly_fields = ["state_changed_at", "created_at"]
-    actions = ["new_join_token", "new_collector_credential"]
+    exclude = ["config"]  # connection settings change through onboarding; secrets are never shown
+    actions = ["new_join_token", "new_collector_credential", "test_connection"]
+
+    def get_urls(self) -> list[URLPattern]:
+        onboard = path(
+            "onboard-slurm/",
+            self.admin_site.admin_view(self.onboard_slurm_view),
+            name="clusters_cluster_onboard_slurm",
+        )
+        return [onboard, *super().get_urls()]
+
+    def onboard_slurm_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_add_permission(request):
+            return HttpResponseRedirect(reverse("admin:clusters_cluster_changelist"))
+        form = SlurmOnboardForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                cluster, collected = onboard_slurm(
+                    data["name"], data["url"], data["token"], user=data["user"], slurm_conf=data["slurm_conf"]
+                )
+            except SlurmError as exc:
+                form.add_error(
+                    exc.field if exc.field in form.fields else None, f"Connection test failed: {exc}"
+                )
+            else:
+                note = f"Cluster {cluster.name}: slurmrestd {cluster.config['api']}, "
+                note += f"{collected.nodes} nodes, {collected.gpus} GPUs."
+                if collected.unknown_gpu_types:
+                    note += " GPU types not in the catalog: " + ", ".join(collected.unknown_gpu_types)
+                self.message_user(request, note, messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
+        context = self.admin_site.each_context(request) | {"form": form, "title": "Add a Slurm cluster"}
+        return TemplateResponse(request, "admin/clusters/cluster/onboard_slurm.html", context)
+
+    @admin.action(description="Test the connection (Slurm)")
+    def test_connection(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        for cluster in queryset.filter(kind="slurm"):
+            try:
+                version = client_for(cluster).connect()
+            except SlurmError as exc:
+                self.message_user(request, f"{cluster}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"{cluster}: slurmrestd answers ({version}).", messages.SUCCESS)
 
     @admin.action(description="Create a join token (for orrery-agent)")
     def new_join_token(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:

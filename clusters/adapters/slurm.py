@@ -133,7 +133,12 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
 
 
 class SlurmError(Exception):
-    """What is wrong, in words an operator can act on."""
+    """What is wrong, in words an operator can act on; ``field`` names the onboarding setting
+    at fault (``url`` or ``token``), when one is."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SlurmClient:
@@ -159,7 +164,7 @@ class SlurmClient:
             text = exc.read().decode(errors="replace")
             if exc.code == 401:
                 raise SlurmError(
-                    "slurmrestd refused the token (401): check the JWT and the user name"
+                    "slurmrestd refused the token (401): check the JWT and the user name", "token"
                 ) from None
             try:
                 errors = json.loads(text).get("errors") or []
@@ -167,7 +172,7 @@ class SlurmClient:
                 errors = []
             if any(e.get("source") == "slurm_load_ctl_conf" for e in errors):
                 raise SlurmError(
-                    "slurmrestd could not use the token: expired, or signed with another key"
+                    "slurmrestd could not use the token: expired, or signed with another key", "token"
                 ) from None
             if exc.code == 404:
                 raise SlurmError(f"not found: {path}") from None
@@ -175,7 +180,7 @@ class SlurmClient:
             raise SlurmError(f"slurmrestd answered {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             raise SlurmError(
-                f"cannot reach slurmrestd at {self.url}: {getattr(exc, 'reason', exc)}"
+                f"cannot reach slurmrestd at {self.url}: {getattr(exc, 'reason', exc)}", "url"
             ) from None
 
     def connect(self) -> str:
@@ -189,7 +194,9 @@ class SlurmClient:
                 raise
             self.version = version
             return version
-        raise SlurmError(f"slurmrestd serves none of the API versions Orrery speaks ({', '.join(VERSIONS)})")
+        raise SlurmError(
+            f"slurmrestd serves none of the API versions Orrery speaks ({', '.join(VERSIONS)})", "url"
+        )
 
     def _path(self, rest: str) -> str:
         if self.version is None:

@@ -43,11 +43,14 @@ def onboard_slurm(
 ) -> tuple[Cluster, Collected]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
     ``SlurmError`` saying what is wrong; nothing is created then."""
+    other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
+    if other:
+        raise SlurmError(f"a {other[0]} cluster is already named {name!r}", "name")
     client = SlurmClient(url, token, user)
     version = client.connect()
+    config = {"url": url, "user": user, "api": version} | ({"slurm_conf": slurm_conf} if slurm_conf else {})
     cluster, _ = Cluster.objects.update_or_create(
-        name=name,
-        defaults={"kind": ClusterKind.SLURM, "config": {"url": url, "user": user, "api": version}},
+        name=name, defaults={"kind": ClusterKind.SLURM, "config": config}
     )
     ClusterSecret.objects.update_or_create(cluster=cluster, defaults={"data": {"token": token}})
     collected = collect(cluster, client)

@@ -182,6 +182,19 @@ class ClusterSerializer(serializers.ModelSerializer):
         return self.context["capacity"].gpus.get(cluster.pk, [])
 
 
+class ClusterOnboardSerializer(serializers.Serializer):
+    """``POST clusters``: add (or re-key) a Slurm cluster after a connection test."""
+
+    name = serializers.SlugField(max_length=64)
+    kind = serializers.ChoiceField(choices=["slurm"])
+    url = serializers.URLField(max_length=512, help_text="slurmrestd, e.g. http://slurm-head:6820")
+    token = serializers.CharField(max_length=8192, write_only=True, help_text="A JWT; never shown back.")
+    user = serializers.CharField(max_length=64, default="root", help_text="The Slurm user Orrery acts as.")
+    slurmConf = serializers.CharField(
+        max_length=1024, default="", allow_blank=True, help_text="slurm.conf for the sbatch client."
+    )
+
+
 class NodeSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.name")
     stateReason = serializers.CharField(source="state_reason")

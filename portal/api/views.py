@@ -25,14 +25,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from clusters.adapters.slurm import SlurmError
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from clusters.selectors import resolve_gpu_model
+from clusters.services.slurm import onboard_slurm
 from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
 from portal.api.errors import InputError
 from portal.api.filters import JOB_FILTERS, filter_jobs
 from portal.api.schema import ERROR_SCHEMA, JOB_BATCH_SCHEMA, JOB_SPEC_SCHEMA
 from portal.api.serializers import (
+    ClusterOnboardSerializer,
     ClusterSerializer,
     GpuModelSerializer,
     JobDetailSerializer,
@@ -318,6 +321,8 @@ class QueueListView(APIView):
 
 
 class ClusterListView(ListAPIView):
+    """Every cluster; ``POST`` (operators) onboards a Slurm cluster after a connection test."""
+
     serializer_class = ClusterSerializer
     throttle_classes = [ReadThrottle]
     pagination_class = None
@@ -325,6 +330,25 @@ class ClusterListView(ListAPIView):
 
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"capacity": fleet_capacity()}
+
+    @extend_schema(
+        request=ClusterOnboardSerializer,
+        responses={201: ClusterSerializer, 403: OpenApiResponse(ERROR_SCHEMA), **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        if not request.user.is_staff:
+            raise PermissionDenied("Only operators may add clusters.")
+        form = ClusterOnboardSerializer(data=request.data if isinstance(request.data, dict) else {})
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        try:
+            cluster, _ = onboard_slurm(
+                data["name"], data["url"], data["token"], user=data["user"], slurm_conf=data["slurmConf"]
+            )
+        except SlurmError as exc:
+            raise InputError([(exc.field or "url", f"connection test failed: {exc}")]) from None
+        context = {"capacity": fleet_capacity([cluster.pk])}
+        return Response(ClusterSerializer(cluster, context=context).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema_view(get=extend_schema(responses={200: ClusterSerializer, 404: OpenApiResponse(ERROR_SCHEMA)}))
