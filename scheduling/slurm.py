@@ -12,18 +12,20 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
-from clusters.adapters.slurm import SlurmError, decode_exit, job_state
+from clusters.adapters.slurm import SlurmClient, SlurmError, decode_exit, job_state
 from clusters.choices import ClusterKind
 from clusters.models import Cluster
 from clusters.services.slurm import client_for, for_each_slurm_cluster
 from scheduling.agentwork import store_log
-from scheduling.choices import ACTIVE_STATES, JobState
-from scheduling.models import Allocation, DispatchOutbox, JobAttempt
+from scheduling.choices import ACTIVE_STATES, FailoverPolicy, JobState
+from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt
 from scheduling.services.transitions import InvalidTransition, TransitionConflict, transition_job
 
 log = logging.getLogger(__name__)
@@ -73,7 +75,7 @@ def submit_attempt(attempt: JobAttempt) -> str:
         f"--nodelist={','.join(nodes)}",
         f"--nodes={len(nodes)}",
         f"--output={_output_path(attempt.pk)}",
-        "--no-requeue",
+        "--requeue" if job.failover_policy == FailoverPolicy.REQUEUE and job.retries else "--no-requeue",
         "--export=ALL," + ",".join(f"{k}={v}" for k, v in variables.items()),
     ]
     if gpus:
@@ -137,7 +139,7 @@ def sync_slurm(cluster: Cluster) -> dict[str, int]:
                 client.cancel(int(slurm_job["job_id"]))  # Orrery cancelled or moved it
                 counts["cancelled"] += 1
             continue
-        counts["moved"] += _follow(attempt, state, slurm_job)
+        counts["moved"] += _follow(attempt, state, slurm_job, client)
     for name, attempt in active.items():
         if attempt.remote_id and name not in by_name:
             counts["vanished"] += _move(attempt, JobState.FAILED, message="the job vanished from Slurm")
@@ -145,17 +147,37 @@ def sync_slurm(cluster: Cluster) -> dict[str, int]:
 
 
 def _uuid(name: str) -> Any:
-    import uuid
-
     try:
         return uuid.UUID(name)
     except ValueError:
         return None
 
 
-def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any]) -> int:
+# Why Slurm keeps a job pending, in words for the job page (the rest are shown as Slurm says).
+SLURM_PENDING = {
+    "JobHeldAdmin": "held by a Slurm administrator (scontrol release)",
+    "JobHeldUser": "held in Slurm by its user (scontrol release)",
+    "Resources": "waiting for resources in Slurm",
+    "Priority": "waiting behind higher-priority Slurm jobs",
+    "ReqNodeNotAvail": "a chosen node is not available in Slurm",
+    "PartitionDown": "the Slurm partition is down",
+}
+
+
+def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any], client: SlurmClient) -> int:
     _copy_output(attempt)
-    if state in ("RUNNING", "COMPLETING") and attempt.job.state in (JobState.SCHEDULED, JobState.STARTING):
+    job = attempt.job
+    if state in ("PENDING", "HELD") and job.state in (JobState.SCHEDULED, JobState.STARTING):
+        why = str(slurm_job.get("state_reason") or "")
+        text = f"pending in Slurm: {SLURM_PENDING.get(why, why)}"[:512] if why not in ("", "None") else ""
+        if text != job.reason_message:
+            Job.objects.filter(pk=job.pk, state=job.state).update(reason_message=text)
+        return 0
+    if state in ("RUNNING", "COMPLETING") and _past_time_limit(job, slurm_job):
+        # Slurm's limits are whole minutes (and checked every 30 s); Orrery's are seconds.
+        client.cancel(int(slurm_job["job_id"]))
+        return _move(attempt, JobState.TIMEOUT, message=f"ran past its time limit of {job.time_limit_s} s")
+    if state in ("RUNNING", "COMPLETING") and job.state in (JobState.SCHEDULED, JobState.STARTING):
         return _move(attempt, JobState.RUNNING, message=f"running on {slurm_job.get('nodes')}")
     if state in ("SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"):
         code, signal = decode_exit(slurm_job.get("exit_code"))
@@ -165,6 +187,11 @@ def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any]) -> int:
             message = f"{state.lower()} in Slurm (signal {signal})"
         return _move(attempt, JobState(state), exit_code=code, message=message)
     return 0
+
+
+def _past_time_limit(job: Job, slurm_job: dict[str, Any]) -> bool:
+    started = slurm_job.get("start_time") or 0
+    return bool(job.time_limit_s and started and time.time() > started + job.time_limit_s)
 
 
 def _move(attempt: JobAttempt, to: str, *, exit_code: int | None = None, message: str = "") -> int:

@@ -238,14 +238,16 @@ def cancel_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -
 
 
 def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
-    """Keep a pending job from being scheduled until it is released."""
+    """Keep a job that has not started from being scheduled until it is released. A job already
+    placed but not yet running (SCHEDULED) gives its placement back: its attempt ends and the
+    cluster withdraws it (the agent drops it, a Slurm job is cancelled)."""
     return transition_job(
         job.pk,
         JobState.HELD,
         actor=actor,
         reason=PendingReason.HELD,
         message=message or _by(actor, "held"),
-        only_from=[JobState.PENDING],
+        only_from=[JobState.PENDING, JobState.SCHEDULED],
     )
 
 

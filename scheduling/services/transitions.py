@@ -99,7 +99,7 @@ def transition_job(
     """Move job ``job_id`` to state ``to`` and return the updated job.
 
     ``only_from`` narrows the allowed sources further (an action such as *hold* applies to
-    PENDING only, even though the table has other edges into HELD). ``reason`` is the pending
+    jobs not yet running only, even though the table has other edges into HELD). ``reason`` is the pending
     reason when ``to`` is PENDING or HELD. Raises ``Job.DoesNotExist``, ``InvalidTransition``
     or ``TransitionConflict``; in each case nothing is written.
     """

@@ -1,38 +1,35 @@
-"""Onboarding a real Slurm cluster (scripts/slurm-dev-cluster.sh: slurmctld, four slurmd with
-fake A100s, slurmrestd with JWT) and collecting its nodes through the heartbeat pipeline."""
+"""A real Slurm cluster under Orrery (scripts/slurm-dev-cluster.sh: slurmctld, four slurmd with
+fake A100s, slurmrestd with JWT): onboarding from the command line, the API and the console;
+inventory through the heartbeat pipeline; jobs submitted through Orrery's API running where
+Orrery chose; exit codes, cancel, time limits and holds; a killed slurmd; slurmrestd stopped."""
 
 from __future__ import annotations
 
-import os
 import subprocess
+import time
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSeen
 from clusters.services.aggregation import flush_heartbeats
-from clusters.services.slurm import collect
-from scheduling.models import Allocation
+from clusters.services.lifecycle import run_node_lifecycle
+from clusters.services.slurm import collect, collect_all
+from portal.services.tokens import issue_token
+from scheduling.cache import SchedulerCache
+from scheduling.choices import JobState
+from scheduling.cycle import run_cycle
+from scheduling.models import Allocation, Job, JobAttempt
+from scheduling.slurm import dispatch_slurm, sync_slurm
 from tests.factories import ensure_catalog
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    """The dev cluster, started (or found running) once per test run; stopped at the end."""
-    up = subprocess.run(
-        [str(ROOT / "scripts/slurm-dev-cluster.sh"), "up"], capture_output=True, text=True, timeout=600
-    )
-    assert up.returncode == 0, up.stderr[-3000:]
-    env = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in up.stdout.splitlines())
-    os.environ["SLURM_CONF"] = env["SLURM_CONF"]
-    yield env
-    subprocess.run([str(ROOT / "scripts/slurm-dev-cluster.sh"), "down"], capture_output=True, timeout=120)
 
 
 def test_onboarding_tests_the_connection_and_reads_the_nodes(slurm, tmp_path):
@@ -106,27 +103,7 @@ def test_a_node_drained_in_slurm_is_drained_in_orrery(slurm):
     assert Node.objects.get(cluster=cluster, name="n3").state == NodeState.NOT_READY  # back to the lifecycle
 
 
-def _wait(condition, what, timeout=60.0):
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def test_jobs_run_on_the_nodes_orrery_chose(slurm, alice, queue):
-    from scheduling.cache import SchedulerCache
-    from scheduling.choices import JobState
-    from scheduling.cycle import run_cycle
-    from scheduling.models import Job, JobAttempt
-    from scheduling.services.jobs import cancel_job
-    from scheduling.slurm import dispatch_slurm, sync_slurm
-    from tests.factories import make_job
-
+def _onboard(slurm) -> Cluster:
     ensure_catalog()
     call_command(
         "add_cluster",
@@ -139,39 +116,237 @@ def test_jobs_run_on_the_nodes_orrery_chose(slurm, alice, queue):
     )
     cluster = Cluster.objects.get(name="hpc")
     Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
-    ok = make_job(
-        alice,
-        queue,
-        gpus=2,
-        model="a100",
-        placement={"clusters": ["hpc"]},
-        command='echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES job=$ORRERY_JOB_ID"',
+    return cluster
+
+
+def _client(user) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user, name='tests')[1]}")
+    return client
+
+
+def _wait(condition, what, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _squeue(job_id: str, fmt: str = "%T") -> str:
+    argv = ["squeue", "-h", "-j", job_id, "-o", fmt]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def test_operators_onboard_through_the_api(slurm, alice, operator, tmp_path):
+    ensure_catalog()
+    token = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
+    body = {"name": "hpc", "kind": "slurm", "url": slurm["ORRERY_SLURM_URL"], "token": token}
+    assert _client(alice).post("/api/v1/clusters", body, format="json").status_code == 403
+    ops = _client(operator)
+    bad = [
+        ({**body, "token": "not-a-jwt"}, "token", "could not use the token"),
+        ({**body, "url": "http://127.0.0.1:9"}, "url", "cannot reach slurmrestd"),
+        ({**body, "url": "not a url", "kind": "pbs"}, "url", "valid URL"),
+        ({k: v for k, v in body.items() if k != "token"}, "token", "required"),
+    ]
+    for wrong, path, words in bad:
+        answer = ops.post("/api/v1/clusters", wrong, format="json")
+        assert answer.status_code == 400, answer.content
+        errors = {e["path"]: e["message"] for e in answer.json()["errors"]}
+        assert words in errors[path], errors
+    assert not Cluster.objects.filter(name="hpc").exists()
+    created = ops.post("/api/v1/clusters", body, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["kind"] == "slurm" and token not in created.content.decode()
+    shown = ops.get("/api/v1/clusters/hpc").json()
+    assert shown["nodes"]["total"] == 4 and "config" not in shown and token not in str(shown)
+
+
+def test_the_console_onboards_with_a_connection_test(slurm, client, operator):
+    ensure_catalog()
+    client.force_login(operator)
+    url = "/admin/clusters/cluster/onboard-slurm/"
+    assert "Add a Slurm cluster" in client.get("/admin/clusters/cluster/").content.decode()
+    form = {"name": "hpc", "url": slurm["ORRERY_SLURM_URL"], "token": "not-a-jwt", "user": "root"}
+    refused = client.post(url, form)
+    assert refused.status_code == 200 and "could not use the token" in refused.content.decode()
+    assert not Cluster.objects.filter(name="hpc").exists()
+    form["token"] = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
+    added = client.post(url, form, follow=True)
+    assert "4 nodes, 16 GPUs" in added.content.decode()
+    assert form["token"] not in added.content.decode()  # never shown back
+    tested = client.post(
+        "/admin/clusters/cluster/",
+        {"action": "test_connection", "_selected_action": [Cluster.objects.get(name="hpc").pk]},
+        follow=True,
     )
-    failing = make_job(alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="exit 3")
-    sleeper = make_job(
-        alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
-    )
-    assert run_cycle(SchedulerCache()).placed == 3
-    assert dispatch_slurm() == 3
+    assert "slurmrestd answers (v0.0.38)" in tested.content.decode()
+
+
+def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, alice, queue):
+    cluster = _onboard(slurm)
+    api = _client(alice)
+
+    def submit(name: str, run: str, gpus: str = "a100:1", **spec) -> int:
+        body = {
+            "apiVersion": "orrery/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "project": "vision"},
+            "spec": {"resources": {"gpus": gpus}, "run": run, "placement": {"clusters": ["hpc"]}, **spec},
+        }
+        answer = api.post("/api/v1/jobs", body, format="json")
+        assert answer.status_code == 201, answer.content
+        return answer.json()["id"]
+
+    ok = submit("ok", 'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES job=$ORRERY_JOB_ID"', "a100:2")
+    failing = submit("failing", "exit 3")
+    sleeper = submit("sleeper", "sleep 120")
+    late = submit("late", "sleep 120", timeLimit="0:04")
+    assert run_cycle(SchedulerCache()).placed == 4
+    assert dispatch_slurm() == 4
     assert dispatch_slurm() == 0  # idempotent
 
-    def settled(job, *states):
+    def state(job_id: int, *states: str) -> dict | None:
         sync_slurm(cluster)
-        return Job.objects.get(pk=job.pk).state in states
+        job = api.get(f"/api/v1/jobs/{job_id}").json()
+        return job if job["state"] in states else None
 
-    _wait(lambda: settled(ok, JobState.SUCCEEDED, JobState.FAILED), "the job to finish")
-    chosen = Allocation.objects.filter(job=ok, gpu__isnull=True).values_list("node__name", flat=True).get()
-    from scheduling.agentwork import log_tail
+    done = _wait(lambda: state(ok, "SUCCEEDED", "FAILED"), "the job to finish")
+    assert done["state"] == "SUCCEEDED"
+    chosen = done["placement"]["nodes"][0]["node"]
+    assert chosen == Allocation.objects.filter(job_id=ok, gpu__isnull=True).get().node.name
+    lines = _wait(lambda: api.get(f"/api/v1/jobs/{ok}/logs").json()["lines"], "its output")
+    assert f"on {chosen} gpus=0,1 job={ok}" in lines
+    failed = _wait(lambda: state(failing, "FAILED"), "exit 3")
+    assert failed["exitCode"] == 3
 
-    lines = _wait(lambda: log_tail(ok.pk, 10)[0], "its output")
-    assert f"on {chosen} gpus=0,1 job={ok.pk}" in lines
-    assert Job.objects.get(pk=ok.pk).state == JobState.SUCCEEDED
-    _wait(lambda: settled(failing, JobState.FAILED), "exit 3")
-    assert Job.objects.get(pk=failing.pk).exit_code == 3
-
-    _wait(lambda: settled(sleeper, JobState.RUNNING), "the sleeper to run")
-    remote = JobAttempt.objects.get(job=sleeper).remote_id
-    cancel_job(Job.objects.get(pk=sleeper.pk), actor=alice)
+    _wait(lambda: state(sleeper, "RUNNING"), "the sleeper to run")
+    remote = JobAttempt.objects.get(job_id=sleeper).remote_id
+    assert api.post(f"/api/v1/jobs/{sleeper}/cancel").json()["state"] == "CANCELLED"
     sync_slurm(cluster)  # Orrery no longer runs it: cancelled in Slurm too
-    state = subprocess.run(["squeue", "-h", "-j", remote, "-o", "%T"], capture_output=True, text=True).stdout
-    assert state.strip() in ("", "CANCELLED", "COMPLETING")
+    assert _squeue(remote) in ("", "CANCELLED", "COMPLETING")
+
+    timed_out = _wait(lambda: state(late, "TIMEOUT"), "the time limit", timeout=30)
+    assert "time limit of 4 s" in Job.objects.get(pk=late).events.order_by("-id").first().message
+    assert _squeue(JobAttempt.objects.get(job_id=late).remote_id) in ("", "CANCELLED", "COMPLETING")
+    assert timed_out["exitCode"] is None
+
+
+def test_holds_in_orrery_and_in_slurm(slurm, alice, queue):
+    cluster = _onboard(slurm)
+    api = _client(alice)
+    # Someone else's job fills n1 in Slurm, so the job Orrery places there waits in Slurm.
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:a100:4", "--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        body = {
+            "apiVersion": "orrery/v1",
+            "kind": "Job",
+            "metadata": {"name": "waits", "project": "vision"},
+            "spec": {
+                "resources": {"gpus": "a100:4"},
+                "run": "echo ran",
+                "placement": {"clusters": ["hpc"]},
+            },
+        }
+        Node.objects.filter(cluster=cluster).exclude(name="n1").update(state=NodeState.CORDONED)
+        answer = api.post("/api/v1/jobs", body, format="json")
+        assert answer.status_code == 201, answer.content
+        waits = answer.json()["id"]
+        held = api.post(
+            "/api/v1/jobs", body | {"metadata": {"name": "held", "project": "vision"}}, format="json"
+        )
+        assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
+        remote = JobAttempt.objects.get(job_id=waits).remote_id
+        _wait(lambda: _squeue(remote, "%r") == "Resources", "Slurm to keep it pending")
+        sync_slurm(cluster)
+        assert Job.objects.get(pk=waits).reason_message == "pending in Slurm: waiting for resources in Slurm"
+
+        subprocess.run(["scontrol", "hold", remote], check=True, timeout=30)
+        sync_slurm(cluster)
+        assert "held by a Slurm administrator" in Job.objects.get(pk=waits).reason_message
+        subprocess.run(["scontrol", "release", remote], check=True, timeout=30)
+        sync_slurm(cluster)
+        assert Job.objects.get(pk=waits).state == JobState.SCHEDULED
+
+        # A hold in Orrery on a job placed but not running gives the placement back, and the
+        # Slurm job is withdrawn.
+        assert api.post(f"/api/v1/jobs/{waits}/hold").json()["state"] == "HELD"
+        assert not Allocation.objects.filter(job_id=waits, active=True).exists()
+        sync_slurm(cluster)
+        _wait(lambda: _squeue(remote) in ("", "CANCELLED"), "the Slurm job to be withdrawn")
+        assert held.status_code == 201
+    finally:
+        subprocess.run(["scancel", blocker], timeout=30)
+        Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
+
+
+def test_a_killed_slurmd_takes_its_node_down_then_it_returns(slurm):
+    cluster = _onboard(slurm)
+    pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmd-n4.pid"
+    subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
+    try:
+        node = _wait(
+            lambda: collect(cluster) and Node.objects.get(cluster=cluster, name="n4").state == NodeState.DOWN,
+            "Slurm to call n4 down (SlurmdTimeout=20 s)",
+            timeout=90,
+        )
+        assert node
+        assert Node.objects.get(cluster=cluster, name="n4").state_reason.startswith("slurm: ")
+        assert Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 3
+    finally:
+        subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
+    _wait(
+        lambda: collect(cluster) and Node.objects.get(cluster=cluster, name="n4").state != NodeState.DOWN,
+        "n4 to come back",
+        timeout=60,
+    )
+    assert Node.objects.get(cluster=cluster, name="n4").state_reason == "slurm: back in service"
+
+
+def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm, alice, queue):
+    from tests.factories import make_job
+
+    cluster = _onboard(slurm)
+    collect_all()
+    flush_heartbeats()
+    running = make_job(
+        alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
+    )
+    assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
+    _wait(
+        lambda: sync_slurm(cluster) and Job.objects.get(pk=running.pk).state == JobState.RUNNING, "it to run"
+    )
+
+    pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmrestd.pid"
+    subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
+    try:
+        _wait(lambda: collect_all() == 0, "slurmrestd to stop answering", timeout=10)
+        later = timezone.now() + timedelta(seconds=41)  # past NODE_GRACE with no word from Slurm
+        run_node_lifecycle(now=later)
+        cluster.refresh_from_db()
+        assert (cluster.state, cluster.state_reason) == (ClusterState.UNREACHABLE, "4/4 nodes silent")
+        waiting = make_job(
+            alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="true"
+        )
+        assert run_cycle(SchedulerCache()).placed == 0  # no new placements there
+        assert Job.objects.get(pk=running.pk).state == JobState.RUNNING  # running work is left alone
+    finally:
+        subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
+    assert collect_all() == 1
+    flush_heartbeats()
+    run_node_lifecycle(now=timezone.now() + timedelta(seconds=31))  # NODE_RECOVERY of good reports
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.READY
+    sync_slurm(cluster)
+    assert Job.objects.get(pk=running.pk).state == JobState.RUNNING
+    assert run_cycle(SchedulerCache()).placed == 1  # placements resume
+    assert Job.objects.get(pk=waiting.pk).state == JobState.SCHEDULED
+    subprocess.run(["scancel", JobAttempt.objects.get(job=running).remote_id], timeout=30)

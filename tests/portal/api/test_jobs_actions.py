@@ -42,6 +42,15 @@ def test_hold_then_release(api, alice, alice_job):
     assert (released["state"], released["reason"]) == ("PENDING", "None")
 
 
+def test_hold_a_scheduled_job_gives_its_placement_back(api, alice, queue, fleet):
+    job = make_job(alice, queue, gpus=8)
+    bind_job(job, [NodePlacement(fleet.h100[0], range(8))])
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    body = act(api(alice), job, "hold").json()
+    assert (body["state"], body["reason"], body["placement"]["active"]) == ("HELD", "Held", False)
+    assert not Allocation.objects.filter(job=job, active=True).exists()
+
+
 def test_requeue_a_running_job_frees_its_gpus(api, alice, queue, fleet):
     job = running_job(alice, queue, fleet.h100[0])
     response = act(api(alice), job, "requeue")
