@@ -140,9 +140,13 @@ class JobListView(GenericAPIView):
         if _flag(request, "dryRun"):
             return Response({"valid": True, "jobs": len(requests), "spec": requests[0].spec})
         jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
-        job = with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model")).get(
-            pk=jobs[0].pk
-        )
+        if created:  # a new job has no attempts yet, and carries its owner, project and queue
+            job = jobs[0]
+            job._prefetched_objects_cache = {"attempts": []}
+        else:
+            job = with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model")).get(
+                pk=jobs[0].pk
+            )
         return Response(JobDetailSerializer(job).data, status=201 if created else 200)
 
 
@@ -166,11 +170,17 @@ class JobBatchView(APIView):
             raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
         errors: list[tuple[str, str]] = []
         requests = []
+        queues: dict[tuple[str | None, str], Queue] = {}  # specs of a batch mostly share these
+        models: dict[str, Any] = {}
         for i, document in enumerate(documents):
             try:
                 spec = parse_job_spec(document, path=f"jobs[{i}]")
-                queue = submission_queue(request.user, spec.project, spec.queue, path=f"jobs[{i}]")
-                requests += build_requests(spec, queue, path=f"jobs[{i}]")
+                if (spec.project, spec.queue) not in queues:
+                    queues[spec.project, spec.queue] = submission_queue(
+                        request.user, spec.project, spec.queue, path=f"jobs[{i}]"
+                    )
+                queue = queues[spec.project, spec.queue]
+                requests += build_requests(spec, queue, path=f"jobs[{i}]", models=models)
             except SpecError as exc:
                 errors += exc.errors
             if len(requests) > MAX_BATCH_JOBS:

@@ -141,7 +141,7 @@ def submit_jobs(
 def _new_job(request: JobRequest, *, actor: AbstractBaseUser, key: str | None, digest: str) -> Job:
     return Job(
         owner=actor,
-        project_id=request.queue.project_id,
+        project=request.queue.project,
         queue=request.queue,
         name=request.name,
         labels=request.labels,

@@ -13,13 +13,20 @@ from scheduling.services.jobs import JobRequest
 from scheduling.spec import JobSpec, SpecError
 
 
-def build_requests(spec: JobSpec, queue: Queue, *, path: str = "") -> list[JobRequest]:
-    """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``."""
+def build_requests(
+    spec: JobSpec, queue: Queue, *, path: str = "", models: dict[str, Any] | None = None
+) -> list[JobRequest]:
+    """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``.
+    ``models`` memoises GPU model names across the specs of one batch."""
     p = f"{path}." if path else ""
     errors: list[tuple[str, str]] = []
     gpu_model = None
     if spec.gpus.count:
-        gpu_model = resolve_gpu_model(spec.gpus.model or "")
+        models = {} if models is None else models
+        name = spec.gpus.model or ""
+        if name not in models:
+            models[name] = resolve_gpu_model(name)
+        gpu_model = models[name]
         if gpu_model is None:
             errors.append((f"{p}spec.resources.gpus", f"unknown GPU model '{spec.gpus.model}'"))
         else:

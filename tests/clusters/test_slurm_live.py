@@ -240,7 +240,7 @@ def test_holds_in_orrery_and_in_slurm(slurm, alice, queue):
     api = _client(alice)
     # Someone else's job fills n1 in Slurm, so the job Orrery places there waits in Slurm.
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:a100:4", "--wrap", "sleep 300"],
+        ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:a100:4", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True,
         text=True,
         check=True,
