@@ -14,3 +14,16 @@ class NodeStateChanged:
     to_state: str
     reason: str
     at: str
+
+
+@dataclass(frozen=True)
+class NodesStateChanged:
+    """Many nodes of a cluster moved to one state at once (a lifecycle pass): the first 5,000
+    ids and how many in all."""
+
+    cluster_id: int
+    node_ids: list[int]
+    count: int
+    to_state: str
+    reason: str
+    at: str

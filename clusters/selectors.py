@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.core.cache import cache
-from django.db.models import Count, Q
+from django.db.models import Count
 
-from clusters.choices import ClusterKind, GpuHealth, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias
+from clusters.choices import ClusterKind
+from clusters.models import GpuDevice, GpuModel, GpuModelAlias
 
 
 def resolve_gpu_model(name: str) -> GpuModel | None:
@@ -19,31 +17,6 @@ def resolve_gpu_model(name: str) -> GpuModel | None:
         return model
     alias = GpuModelAlias.objects.select_related("gpu_model").filter(name=key).first()
     return alias.gpu_model if alias else None
-
-
-@dataclass(frozen=True)
-class ClusterSummary:
-    cluster: Cluster
-    nodes_total: int
-    nodes_ready: int
-    gpus_by_model: dict[str, int]
-
-
-def cluster_summaries() -> list[ClusterSummary]:
-    """One line per cluster: nodes ready/total and healthy GPUs per model (two queries)."""
-    clusters = Cluster.objects.annotate(
-        nodes_total=Count("nodes"), nodes_ready=Count("nodes", filter=Q(nodes__state=NodeState.READY))
-    )
-    gpus: dict[int, dict[str, int]] = {}
-    rows = (
-        GpuDevice.objects.filter(health=GpuHealth.HEALTHY)
-        .values("node__cluster_id", "model__slug")
-        .annotate(n=Count("id"))
-        .order_by("node__cluster_id", "model__slug")
-    )
-    for row in rows:
-        gpus.setdefault(row["node__cluster_id"], {})[row["model__slug"]] = row["n"]
-    return [ClusterSummary(c, c.nodes_total, c.nodes_ready, gpus.get(c.pk, {})) for c in clusters]
 
 
 _CAPACITY_TTL_S = 30

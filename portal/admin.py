@@ -11,10 +11,6 @@ from portal.models import ApiToken, Membership, Project
 from portal.services.tokens import issue_token, revoke_token
 from scheduling.models import Queue
 
-admin.site.site_header = "Orrery operations"
-admin.site.site_title = "Orrery"
-admin.site.index_title = "Fleet, jobs and projects"
-
 
 class MembershipInline(admin.TabularInline):
     model = Membership

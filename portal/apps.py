@@ -1,6 +1,15 @@
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class PortalConfig(AppConfig):
+    default = True
     name = "portal"
     verbose_name = "Projects and access"
+
+
+class OrreryAdminConfig(admin_apps.AdminConfig):
+    """django.contrib.admin, with the console's landing page and scheduler page."""
+
+    default = False
+    default_site = "portal.console.OrreryAdminSite"

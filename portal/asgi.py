@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (consumers come later)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (portal/consumers.py),
+session-authenticated and origin-checked."""
 
 import os
 

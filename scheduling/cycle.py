@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.core.cache import cache as django_cache
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -47,6 +48,7 @@ from scheduling.wakeup import ring_dispatch
 log = logging.getLogger(__name__)
 LOCK_KEY = 0x0_5C4E_D01E  # pg advisory lock id of the scheduling cycle
 EXPLAIN_EVERY_S = 10.0
+RECENT_CYCLES_KEY = "orrery:recent-cycles"  # the last 50 cycles, for the console's scheduler page
 _process_lock = threading.Lock()
 
 
@@ -124,7 +126,29 @@ def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
     ATTEMPTS.labels("lost_race").inc(report.lost_races)
     ATTEMPTS.labels("unschedulable").inc(sum(len(b.cls) for b in blocked))
     _gauges(cache)
+    _remember(report)
     return report
+
+
+def _remember(report: CycleReport) -> None:
+    """Keep a short history of cycles that did something, for operators (best effort)."""
+    if not report.ran or not (report.placed or report.lost_races or report.unschedulable_classes):
+        return
+    entry = {
+        "at": time.time(),
+        "epoch": report.epoch,
+        "ms": round(report.total_ms, 1),
+        "placed": report.placed,
+        "lost": report.lost_races,
+        "blocked": report.unschedulable_classes,
+        "pending": report.pending,
+        "phases": report.phases_ms,
+    }
+    try:
+        recent = django_cache.get(RECENT_CYCLES_KEY) or []
+        django_cache.set(RECENT_CYCLES_KEY, [*recent[-49:], entry], timeout=None)
+    except Exception:  # a console nicety must never fail a cycle
+        log.warning("could not record the cycle", exc_info=True)
 
 
 def _gauges(cache: Any) -> None:

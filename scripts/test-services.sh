@@ -45,6 +45,9 @@ if [ -z "${ORRERY_TEST_REDIS_URL:-}" ]; then
   fi
 fi
 
+# Headless Chromium for the browser tests, from Debian's package (never a tool's own download).
+if ! command -v chromium >/dev/null; then apt_install chromium; fi
+
 # A throwaway database per run: pytest-django creates test_<name> and drops it afterwards.
 echo "export DATABASE_URL='${ORRERY_TEST_DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/orrery_$$}'"
 echo "export REDIS_URL='${ORRERY_TEST_REDIS_URL:-redis://127.0.0.1:6379/9}'"

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 from django.conf import settings
+from django.db import close_old_connections
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:
@@ -23,3 +30,55 @@ def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         **overrides,
     }
+
+
+class Service:
+    """A real process of the control plane: the ASGI server (Daphne), gunicorn, or a Celery
+    worker with its beat."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, port: int | None = None) -> None:
+        self.argv, self.env, self.log, self.port = argv, env, log, port
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> Service:
+        with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=log
+            )
+        if self.port:
+            wait(lambda: _answers(self.port), f"{self.argv[2]} to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait(condition, what: str, timeout: float = 30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        close_old_connections()
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for: {what}")

@@ -33,7 +33,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from clusters.choices import ClusterState, NodeState
-from clusters.events import NodeStateChanged
+from clusters.events import NodesStateChanged
 from clusters.live import publish_on_commit
 from clusters.metrics import FAILOVER_PAUSED, NODE_TRANSITIONS
 from clusters.models import Cluster, Node, NodeEvent
@@ -162,9 +162,12 @@ def _move(ids: list[int], from_states: str | tuple[str, ...], to: str, reason: s
         NodeEvent(node_id=pk, from_state=state, to_state=to, reason=reason) for pk, state, _, _ in locked
     )
     NODE_TRANSITIONS.labels(to).inc(len(moved))
-    for pk, state, cluster_id, name in locked:
-        event = NodeStateChanged(pk, cluster_id, name, state, to, reason, now.isoformat())
-        publish_on_commit([f"cluster.{cluster_id}"], event)
+    by_cluster: dict[int, list[int]] = defaultdict(list)
+    for pk, _, cluster_id, _ in locked:
+        by_cluster[cluster_id].append(pk)
+    for cluster_id, node_ids in by_cluster.items():  # one live message per cluster, not per node
+        event = NodesStateChanged(cluster_id, node_ids[:5000], len(node_ids), to, reason, now.isoformat())
+        publish_on_commit([f"cluster.{cluster_id}", "fleet"], event)
     return moved
 
 

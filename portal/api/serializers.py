@@ -64,9 +64,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "string", "nullable": True})
     def get_reasonMessage(self, job: Job) -> str | None:
-        if job.state not in WAITING_STATES:
-            return None
-        return job.reason_message or _REASON_SENTENCES.get(job.reason, "")
+        return reason_sentence(job)
 
     @extend_schema_field({"type": "object"})
     def get_resources(self, job: Job) -> dict[str, Any]:
@@ -96,6 +94,13 @@ class JobSerializer(serializers.ModelSerializer):
             "active": attempt.active,
             "nodes": [{"node": name, "gpus": sorted(idx)} for name, idx in sorted(nodes.items())],
         }
+
+
+def reason_sentence(job: Job) -> str | None:
+    """Why a job waits, in the scheduler's words (``None`` once it is placed)."""
+    if job.state not in WAITING_STATES:
+        return job.reason_message or None if job.state == "SCHEDULED" else None
+    return job.reason_message or _REASON_SENTENCES.get(job.reason, "")
 
 
 _REASON_SENTENCES = {

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import close_old_connections
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Node
@@ -24,7 +22,7 @@ from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
 from scheduling.models import Allocation
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
-from tests.processes import control_plane_env
+from tests.processes import Service, control_plane_env, free_port, wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,47 +40,6 @@ def service_env(tmp: Path) -> dict[str, str]:
     )
 
 
-class Service:
-    """A real process of the control plane: the ASGI server (Daphne), gunicorn, or a Celery
-    worker with its beat."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, port: int | None = None) -> None:
-        self.argv, self.env, self.log, self.port = argv, env, log, port
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> Service:
-        with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=log
-            )
-        if self.port:
-            wait(lambda: _answers(self.port), f"{self.argv[2]} to answer")
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _answers(port: int) -> bool:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
-        return True
-    except OSError:
-        return False
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def plane(tmp_path):
     """Daphne serving the API and the agents, and a Celery worker with beat running the
@@ -90,7 +47,7 @@ def plane(tmp_path):
     if not settings.REDIS_URL:
         pytest.skip("the processes share the heartbeat buffer and the broker through Redis")
     env = service_env(tmp_path)
-    port = _port()
+    port = free_port()
     server = Service(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
         env,
@@ -188,17 +145,6 @@ def _kill_leftovers(tmp: Path) -> None:
             os.killpg(json.loads(meta.read_text())["pgid"], signal.SIGKILL)
 
 
-def wait(condition, what: str, timeout: float = 30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        close_old_connections()
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for: {what}")
-
-
 def api(world, method: str, path: str, body: dict | None = None) -> dict:
     request = urllib.request.Request(
         f"{world['url']}/api/v1/{path}",
@@ -293,7 +239,8 @@ def test_a_gang_starts_on_both_nodes_with_one_head(world):
     job = submit(
         world,
         "gang",
-        'echo "rank=$ORRERY_NODE_RANK of $ORRERY_NNODES head=$ORRERY_HEAD_ADDR"',
+        # The head's exit decides a gang, and ends the other ranks: give both time to start.
+        'echo "rank=$ORRERY_NODE_RANK of $ORRERY_NNODES head=$ORRERY_HEAD_ADDR"; sleep 3',
         gpus="h100:2",
         resources={"nodes": 2},
     )
@@ -349,7 +296,7 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
     _, join = create_join_token(cluster)
     _, token = issue_token(alice)
     plane["server"].stop()  # this test serves with gunicorn, the production WSGI server
-    port = _port()
+    port = free_port()
     server = Service(
         [
             sys.executable,

@@ -188,3 +188,29 @@ def test_non_staff_cannot_open_the_console(client, alice):
     client.force_login(alice)
     response = client.get(reverse("admin:scheduling_job_changelist"))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_the_landing_page_shows_fleet_health(console, world):
+    page = console.get("/admin/").content.decode()
+    assert "Fleet health" in page and "1 ready" in page and "2 allocated" in page
+
+
+def test_the_scheduler_page_shows_recent_cycles_and_why_jobs_wait(console, alice, queue, node):
+    from django.core.cache import cache
+
+    from scheduling.cache import SchedulerCache
+    from scheduling.cycle import RECENT_CYCLES_KEY, run_cycle
+
+    cache.delete(RECENT_CYCLES_KEY)
+    make_job(alice, queue, gpus=2)
+    make_job(alice, queue, gpus=64)  # can never fit a node
+    run_cycle(SchedulerCache())
+    page = console.get("/admin/scheduler/").content.decode()
+    assert "Recent cycles" in page and "Waiting jobs by reason" in page
+    assert "<td>1</td>" in page  # one placed in the recorded cycle
+    assert "Scheduler" in page and "PENDING" in page
+
+
+def test_the_scheduler_page_is_for_operators(client, alice):
+    client.force_login(alice)
+    assert client.get("/admin/scheduler/").status_code == 302

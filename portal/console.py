@@ -1,0 +1,74 @@
+"""The operations console's own pages: the landing page of fleet health and the scheduler's
+status. The rest of the console is the Django admin of each app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.cache import cache
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+
+from clusters.models import Cluster, Node
+from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
+from scheduling.cycle import RECENT_CYCLES_KEY
+from scheduling.models import Job, SchedulerState
+from scheduling.policies import active_profile
+from scheduling.selectors import fleet_capacity
+
+
+class OrreryAdminSite(admin.AdminSite):
+    site_header = "Orrery operations"
+    site_title = "Orrery"
+    index_title = "Fleet, jobs and projects"
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("scheduler/", self.admin_view(self.scheduler_view), name="scheduler"),
+            *super().get_urls(),
+        ]
+
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().index(request, {"health": fleet_health(), **(extra_context or {})})
+
+    def scheduler_view(self, request: HttpRequest) -> HttpResponse:
+        state = SchedulerState.objects.first()
+        pending = (
+            Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD])
+            .values("state", "reason")
+            .annotate(n=Count("id"))
+            .order_by("-n")
+        )
+        profile = active_profile()
+        context = self.each_context(request) | {
+            "title": "Scheduler",
+            "state": state,
+            "cycles": list(reversed(cache.get(RECENT_CYCLES_KEY) or [])),
+            "pending": pending,
+            "profile": profile,
+        }
+        return TemplateResponse(request, "admin/scheduler.html", context)
+
+
+def fleet_health() -> dict[str, Any]:
+    capacity = fleet_capacity()
+    gpus = {"total": 0, "free": 0, "allocated": 0, "unhealthy": 0}
+    for entries in capacity.gpus.values():
+        for e in entries:
+            gpus["total"] += e["total"]
+            gpus["free"] += e["free"]
+            gpus["allocated"] += e["allocated"]
+            gpus["unhealthy"] += e["total"] - e["healthy"]
+    return {
+        "clusters": Cluster.objects.values("state").annotate(n=Count("id")).order_by("state"),
+        "nodes": Node.objects.values("state").annotate(n=Count("id")).order_by("state"),
+        "gpus": gpus,
+        "jobs": Job.objects.filter(state__in=list(WAITING_STATES | ACTIVE_STATES))
+        .values("state")
+        .annotate(n=Count("id"))
+        .order_by("state"),
+        "last_cycle": SchedulerState.objects.values_list("last_cycle_at", flat=True).first(),
+    }

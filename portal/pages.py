@@ -1,0 +1,338 @@
+"""The user portal's pages (server-rendered; live parts update over websockets, see
+``portal/consumers.py``, and read the REST API with the session)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from clusters.models import Cluster, GpuDevice, MetricPoint, Node
+from portal.access import access_job, can_act_on_job, usable_queues, visible_jobs, visible_projects
+from portal.api.serializers import reason_sentence
+from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
+from scheduling.models import Allocation, Job, JobAttempt, Queue, QueueQuota
+from scheduling.selectors import fleet_capacity, queue_usage
+from scheduling.services.jobs import cancel_job
+from scheduling.services.transitions import InvalidTransition, TransitionConflict
+
+PAGE = 50
+SORTS = {
+    "id": "id",
+    "-id": "-id",
+    "name": "name",
+    "-name": "-name",
+    "state": "state",
+    "-state": "-state",
+    "submitted": "submitted_at",
+    "-submitted": "-submitted_at",
+    "gpus": "gpus_per_node",
+    "-gpus": "-gpus_per_node",
+}
+# Which actions a job page offers, by state (the API decides; these only hide useless buttons).
+ACTIONS = {
+    "cancel": {s.value for s in JobState} - {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"},
+    "hold": {"PENDING", "SCHEDULED"},
+    "release": {"HELD"},
+    "requeue": {s.value for s in ACTIVE_STATES} | {"HELD"},
+}
+
+
+def _free_gpus() -> list[dict[str, Any]]:
+    """Free GPUs by model across the fleet (what a job could start on now)."""
+    totals: dict[str, dict[str, int]] = {}
+    for entries in fleet_capacity().gpus.values():
+        for e in entries:
+            t = totals.setdefault(e["model"], {"total": 0, "free": 0, "allocated": 0})
+            for k in t:
+                t[k] += e[k]
+    return [{"model": m} | v for m, v in sorted(totals.items())]
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    mine = visible_jobs(request.user).filter(owner=request.user)
+    running = mine.filter(state__in=ACTIVE_STATES).select_related("project", "queue").order_by("-id")[:20]
+    pending = mine.filter(state__in=WAITING_STATES).select_related("project", "queue").order_by("-id")[:20]
+    queues = list(usable_queues(request.user).order_by("project__name", "name"))
+    held, _ = queue_usage([q.pk for q in queues])
+    quotas = {
+        (q.queue_id, q.gpu_model.slug): q.gpus
+        for q in QueueQuota.objects.filter(queue__in=queues).select_related("gpu_model")
+    }
+    usage = [
+        {"queue": q, "model": model, "used": n, "quota": quotas.get((q.pk, model))}
+        for q in queues
+        for model, n in sorted((held.get(q.pk) or {}).items())
+    ] + [
+        {"queue": q, "model": model, "used": 0, "quota": quota}
+        for q in queues
+        for (qid, model), quota in sorted(quotas.items())
+        if qid == q.pk and model not in (held.get(q.pk) or {})
+    ]
+    context = {"running": running, "pending": pending, "usage": usage, "free": _free_gpus()}
+    return render(request, "portal/dashboard.html", context)
+
+
+@login_required
+def submit(request: HttpRequest) -> HttpResponse:
+    queues = usable_queues(request.user).order_by("project__name", "name")
+    return render(
+        request,
+        "portal/submit.html",
+        {"queues": queues, "free": _free_gpus(), "clusters": Cluster.objects.order_by("name")},
+    )
+
+
+def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
+    params = {k: request.GET.get(k, "").strip() for k in ("state", "project", "queue", "q", "sort", "mine")}
+    jobs = visible_jobs(request.user).select_related("owner", "project", "queue", "gpu_model")
+    if params["state"]:
+        jobs = jobs.filter(state__in=[s for s in params["state"].upper().split(",") if s in JobState.values])
+    if params["project"]:
+        jobs = jobs.filter(project__name=params["project"])
+    if params["queue"]:
+        jobs = jobs.filter(queue__name=params["queue"])
+    if params["mine"]:
+        jobs = jobs.filter(owner=request.user)
+    if q := params["q"]:
+        match = Q(name__icontains=q) | Q(owner__username__iexact=q)
+        if q.isdigit():
+            match |= Q(pk=int(q))
+        jobs = jobs.filter(match)
+    return jobs.order_by(SORTS.get(params["sort"], "-id")), params
+
+
+@login_required
+def jobs(request: HttpRequest) -> HttpResponse:
+    found, params = _filtered_jobs(request)
+    page = Paginator(found, PAGE).get_page(request.GET.get("page"))
+    rows = list(page.object_list)
+    clusters = dict(
+        JobAttempt.objects.filter(job__in=rows, active=True).values_list("job_id", "cluster__name")
+    )
+    now = timezone.now()
+    for job in rows:
+        job.cluster_name = clusters.get(job.pk, "")
+        end = job.finished_at or (now if job.started_at else None)
+        job.time_used = _duration(end - job.started_at) if end and job.started_at else ""
+        job.gpus_total = job.gpus_per_node * job.nodes
+    context = {
+        "page": page,
+        "rows": rows,
+        "params": params,
+        "states": JobState.values,
+        "projects": visible_projects(request.user).order_by("name").values_list("name", flat=True),
+        "query": "&".join(f"{k}={v}" for k, v in params.items() if v and k != "sort"),
+    }
+    return render(request, "portal/jobs.html", context)
+
+
+@login_required
+@require_POST
+def bulk_cancel(request: HttpRequest) -> HttpResponse:
+    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit()][:1000]
+    done = refused = 0
+    for job in visible_jobs(request.user).filter(pk__in=ids):
+        if not can_act_on_job(request.user, job):
+            refused += 1
+            continue
+        try:
+            cancel_job(job, actor=request.user)
+            done += 1
+        except (InvalidTransition, TransitionConflict):
+            refused += 1
+    messages.info(
+        request, f"Cancelled {done} job(s)" + (f"; {refused} could not be cancelled." if refused else ".")
+    )
+    return redirect(request.POST.get("next") or "jobs")
+
+
+@login_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = access_job(request.user, pk)  # another project's job is a 404
+    attempt = job.attempts.select_related("cluster").order_by("-number").first()
+    allocations = (
+        list(Allocation.objects.filter(attempt=attempt).select_related("node", "gpu").order_by("node__name"))
+        if attempt
+        else []
+    )
+    placement: dict[str, list[int]] = {}
+    for a in allocations:
+        placement.setdefault(a.node.name, [])
+        if a.gpu is not None:
+            placement[a.node.name].append(a.gpu.index)
+    gpus = GpuDevice.objects.filter(pk__in=[a.gpu_id for a in allocations if a.gpu_id]).select_related("node")
+    allowed = can_act_on_job(request.user, job)
+    context = {
+        "job": job,
+        "attempt": attempt,
+        "placement": {n: sorted(i) for n, i in placement.items()},
+        "gpus": gpus.order_by("node__name", "index"),
+        "events": job.events.select_related("actor").order_by("id"),
+        "why": reason_sentence(job),
+        "actions": [a for a, states in ACTIONS.items() if allowed and job.state in states],
+    }
+    return render(request, "portal/job.html", context)
+
+
+@login_required
+def clusters(request: HttpRequest) -> HttpResponse:
+    capacity = fleet_capacity()
+    running = dict(
+        JobAttempt.objects.filter(active=True, job__state__in=ACTIVE_STATES)
+        .values("cluster_id")
+        .annotate(n=Count("id"))
+        .values_list("cluster_id", "n")
+    )
+    cards = [
+        {
+            "cluster": c,
+            "nodes": capacity.nodes.get(c.pk, {"total": 0, "ready": 0}),
+            "gpus": capacity.gpus.get(c.pk, []),
+            "running": running.get(c.pk, 0),
+        }
+        for c in Cluster.objects.order_by("name")
+    ]
+    pending = Job.objects.filter(state__in=WAITING_STATES).count()
+    return render(request, "portal/clusters.html", {"cards": cards, "pending": pending})
+
+
+@login_required
+def cluster_detail(request: HttpRequest, name: str) -> HttpResponse:
+    cluster = get_object_or_404(Cluster, name=name)
+    capacity = fleet_capacity([cluster.pk])
+    nodes = Node.objects.filter(cluster=cluster).order_by("name")
+    context = {
+        "cluster": cluster,
+        "nodes_summary": capacity.nodes.get(cluster.pk, {"total": 0, "ready": 0}),
+        "gpus": capacity.gpus.get(cluster.pk, []),
+        "states": nodes.values("state").annotate(n=Count("id")).order_by("state"),
+    }
+    return render(request, "portal/cluster.html", context)
+
+
+@login_required
+def fleet(request: HttpRequest) -> HttpResponse:
+    return render(request, "portal/fleet.html", {"clusters": Cluster.objects.order_by("name")})
+
+
+@login_required
+def fleet_data(request: HttpRequest) -> JsonResponse:
+    """Every node in compact columns for the heatmap (10,000 nodes ≈ 300 KB): id, name, cluster,
+    state, GPUs, GPUs held, mean GPU utilisation. ``?cluster=NAME`` narrows it."""
+    nodes = Node.objects.order_by("cluster_id", "name")
+    if name := request.GET.get("cluster"):
+        nodes = nodes.filter(cluster__name=name)
+    rows = list(nodes.values_list("pk", "name", "cluster__name", "state", "gpu_capacity"))
+    held = dict(
+        Allocation.objects.filter(active=True, gpu__isnull=False)
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .values_list("node_id", "n")
+    )
+    util: dict[int, float] = {}
+    for node_id, value in GpuDevice.objects.filter(utilization__isnull=False).values_list(
+        "node_id", "utilization"
+    ):
+        util.setdefault(node_id, []).append(value)  # type: ignore[arg-type]
+    return JsonResponse(
+        {
+            "id": [r[0] for r in rows],
+            "name": [r[1] for r in rows],
+            "cluster": [r[2] for r in rows],
+            "state": [r[3] for r in rows],
+            "gpus": [r[4] for r in rows],
+            "held": [held.get(r[0], 0) for r in rows],
+            "util": [round(sum(util[r[0]]) / len(util[r[0]])) if r[0] in util else None for r in rows],
+        }
+    )
+
+
+@login_required
+def fleet_series(request: HttpRequest) -> JsonResponse:
+    """One-minute roll-ups of the last ``hours`` (default 6): allocation, utilisation, power."""
+    hours = min(max(int(request.GET.get("hours", "6") or 6), 1), 24)
+    since = timezone.now() - timedelta(hours=hours)
+    points = MetricPoint.objects.filter(resolution=MetricPoint.Resolution.MINUTE, at__gte=since)
+    if name := request.GET.get("cluster"):
+        points = points.filter(cluster__name=name)
+    buckets: dict[int, list[float]] = {}
+    for at, samples, total, allocated, util, power in points.values_list(
+        "at", "samples", "gpus_total", "gpus_allocated", "utilization_sum", "power_w_sum"
+    ):
+        b = buckets.setdefault(int(at.timestamp()), [0, 0, 0, 0.0, 0.0])
+        b[0] += samples
+        b[1] += total
+        b[2] += allocated
+        b[3] += util
+        b[4] += power
+    times = sorted(buckets)
+    return JsonResponse(
+        {
+            "t": times,
+            "allocated": [
+                round(100 * buckets[t][2] / buckets[t][1], 1) if buckets[t][1] else 0 for t in times
+            ],
+            "utilisation": [round(buckets[t][3] / buckets[t][0], 1) if buckets[t][0] else 0 for t in times],
+            "power_kw": [
+                round(buckets[t][4] / buckets[t][0] * buckets[t][1] / 1000, 1) if buckets[t][0] else 0
+                for t in times
+            ],
+        }
+    )
+
+
+@login_required
+def queues(request: HttpRequest) -> HttpResponse:
+    rows = list(
+        (Queue.objects.all() if request.user.is_staff else usable_queues(request.user))
+        .select_related("project")
+        .prefetch_related("quotas__gpu_model")
+        .order_by("project__name", "name")
+    )
+    held, counts = queue_usage([q.pk for q in rows])
+    table = []
+    for q in rows:
+        quota = {p.gpu_model.slug: p for p in q.quotas.all()}
+        used = held.get(q.pk) or {}
+        models = sorted(set(quota) | set(used))
+        gpus = []
+        for m in models:
+            nominal = quota[m].gpus if m in quota else None
+            n = used.get(m, 0)
+            gpus.append(
+                {
+                    "model": m,
+                    "quota": nominal,
+                    "limit": quota[m].borrowing_limit if m in quota else None,
+                    "used": n,
+                    "borrowed": max(n - nominal, 0) if nominal is not None else 0,
+                    "share": round(100 * n / nominal) if nominal else None,
+                }
+            )
+        jobs = counts.get(q.pk) or {}
+        table.append(
+            {
+                "queue": q,
+                "gpus": gpus,
+                "pending": jobs.get("PENDING", 0),
+                "held": jobs.get("HELD", 0),
+                "running": sum(jobs.get(s, 0) for s in ("SCHEDULED", "STARTING", "RUNNING", "COMPLETING")),
+            }
+        )
+    return render(request, "portal/queues.html", {"table": table})
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"

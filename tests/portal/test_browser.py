@@ -1,0 +1,171 @@
+"""The portal in a real browser: headless Chromium (Debian's package, driven by Playwright)
+against Daphne serving HTTP and websockets on the test database, with Redis as the channel
+layer, so that what this process does (a scheduling cycle, a simulated cluster's tick) reaches
+the pages live.
+
+Screenshots of what the browser saw are kept in the test's temporary directory (the ones in
+docs/ come from the demo: scripts/screenshots.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+from django.conf import settings
+
+from clusters.choices import ClusterKind, NodeState
+from clusters.models import Node
+from scheduling.cache import SchedulerCache
+from scheduling.choices import JobState
+from scheduling.cycle import run_cycle
+from scheduling.models import Job
+from scheduling.scheduler import advance_simulated_jobs
+from tests.factories import (
+    ensure_catalog,
+    make_cluster,
+    make_job,
+    make_node,
+    make_project,
+    make_queue,
+    make_user,
+)
+from tests.processes import Service, control_plane_env, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def server(tmp_path):
+    if not settings.REDIS_URL:
+        pytest.skip("the pages hear this process's events through the Redis channel layer")
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is missing: scripts/test-services.sh installs Debian's chromium package")
+    port = free_port()
+    env = control_plane_env(tmp_path, ORRERY_ALLOWED_HOSTS="127.0.0.1,localhost")
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
+    daphne = Service(argv, env, tmp_path / "daphne.log", port).start()
+    yield f"http://127.0.0.1:{port}"
+    daphne.stop()
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls of the test are
+    # still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def fleet(settings):
+    # The server checks passwords with the production hashers, not the tests' fast one.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+    ensure_catalog()
+    alice, bob = make_user("alice"), make_user("bob")
+    make_user("ops", staff=True)
+    queue = make_queue(make_project("vision", members=(alice,)))
+    make_queue(make_project("nlp", members=(bob,)))
+    cluster = make_cluster("sim-a", kind=ClusterKind.SIMULATED)
+    nodes = [make_node(cluster, gpus=8, model="h100", name=f"a{i:03d}") for i in range(40)]
+    for i in range(3):
+        make_job(alice, queue, name=f"finished-{i}", state=JobState.SUCCEEDED)
+    return {"alice": alice, "queue": queue, "nodes": nodes}
+
+
+def sign_in(page, server: str, user: str) -> None:
+    page.goto(f"{server}/accounts/login/")
+    page.fill('input[name="username"]', user)
+    page.fill('input[name="password"]', user)
+    page.click('button[type="submit"]')
+    try:
+        page.wait_for_url(f"{server}/", timeout=15_000)
+    except Exception:
+        raise AssertionError(page.content()[:3000]) from None
+
+
+def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_path):
+    shots = tmp_path
+    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    sign_in(page, server, "alice")
+    page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+    page.goto(f"{server}/submit/")
+    page.fill('input[name="name"]', "bad name!")  # the API's validator answers, field by field
+    page.fill('textarea[name="run"]', "python train.py")
+    page.click('#submit-form button[type="submit"]')
+    try:
+        page.wait_for_selector("#errors li", timeout=10_000)
+    except Exception:
+        raise AssertionError(problems) from None
+    assert "metadata.name" in page.inner_text("#errors")
+    page.fill('input[name="name"]', "train-resnet")
+    page.fill('input[name="gpus"]', "2")
+    page.select_option('select[name="model"]', "h100-80g")
+    page.screenshot(path=str(shots / "submit.png"), full_page=True)
+    page.click('#submit-form button[type="submit"]')
+    page.wait_for_url(f"{server}/jobs/*/")
+    job = Job.objects.get(name="train-resnet")
+    assert page.inner_text("#job-state") == "PENDING"
+    assert "Waiting for the scheduler" in page.inner_text("#job-why")  # why it is pending
+
+    # The scheduler places it, the simulated cluster starts it: the page follows, no reload.
+    page.evaluate("window.loadedOnce = true")
+    assert run_cycle(SchedulerCache()).placed == 1
+    page.wait_for_function("document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=10_000)
+    advance_simulated_jobs()
+    page.wait_for_function("document.querySelector('#job-state').textContent === 'RUNNING'", timeout=10_000)
+    assert page.evaluate("window.loadedOnce") is True  # the same document all along
+    page.wait_for_selector("#placement dt")
+    assert "sim-a" in page.inner_text("#placement")
+    page.screenshot(path=str(shots / "job.png"), full_page=True)
+
+    page.click('#job-actions button[data-action="cancel"]')
+    page.wait_for_function("document.querySelector('#job-state').textContent === 'CANCELLED'", timeout=10_000)
+    assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+    page.goto(f"{server}/jobs/")
+    assert "train-resnet" in page.inner_text("table")
+    page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+    for name in ("clusters", "queues"):
+        page.goto(f"{server}/{name}/")
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+    other = browser.new_page()
+    sign_in(other, server, "bob")
+    assert other.goto(f"{server}/jobs/{job.pk}/").status == 404  # not bob's project
+
+
+def test_an_operator_drains_a_node_and_the_heatmap_follows(server, browser, fleet, tmp_path):
+    shots = tmp_path
+    watcher = browser.new_page(viewport={"width": 1360, "height": 900})
+    sign_in(watcher, server, "alice")
+    watcher.goto(f"{server}/fleet/")
+    watcher.wait_for_function("document.querySelector('#heatmap').dataset.nodes === '40'")
+    watcher.wait_for_function("document.querySelector('#live').className === 'live on'")
+    ready = watcher.evaluate("Orrery.cellColour('a007')")
+    assert ready == "rgb(46, 158, 91)"  # ready
+    watcher.screenshot(path=str(shots / "fleet.png"), full_page=True)
+
+    ops = browser.new_page(viewport={"width": 1360, "height": 900})
+    sign_in(ops, server, "ops")
+    ops.goto(f"{server}/admin/clusters/node/?q=a007")
+    ops.check('input[name="_selected_action"]')
+    ops.select_option('select[name="action"]', "drain")
+    ops.click('button[name="index"]')
+    ops.wait_for_selector(".messagelist")
+    assert Node.objects.get(name="a007").state in (NodeState.DRAINED, NodeState.DRAINING)
+    ops.screenshot(path=str(shots / "console.png"), full_page=True)
+
+    watcher.wait_for_function("Orrery.cellColour('a007') !== 'rgb(46, 158, 91)'", timeout=10_000)
+    assert watcher.evaluate("Orrery.cellColour('a006')") == ready  # only that cell changed

@@ -1,0 +1,83 @@
+"""The portal's pages: who sees what, filters, bulk cancel, the heatmap's data."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling.choices import JobState
+from scheduling.models import Job
+from tests.factories import make_job, make_project, make_queue
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def signed_in(client, alice):
+    client.force_login(alice)
+    return client
+
+
+def test_pages_need_a_session(client):
+    for path in (
+        "/",
+        "/submit/",
+        "/jobs/",
+        "/jobs/1/",
+        "/clusters/",
+        "/fleet/",
+        "/queues/",
+        "/fleet/nodes.json",
+    ):
+        answer = client.get(path)
+        assert answer.status_code == 302 and answer["Location"].startswith("/accounts/login/"), path
+
+
+def test_login_page_signs_in(client, alice):
+    assert "Sign in" in client.get("/accounts/login/").content.decode()
+    answer = client.post("/accounts/login/", {"username": "alice", "password": "alice", "next": "/jobs/"})
+    assert answer.status_code == 302 and answer["Location"] == "/jobs/"
+    assert client.get("/jobs/").status_code == 200
+
+
+def test_another_projects_job_page_is_a_404(client, alice, bob, queue):
+    job = make_job(alice, queue, name="secret-run")
+    client.force_login(bob)
+    assert client.get(f"/jobs/{job.pk}/").status_code == 404
+    assert "secret-run" not in client.get("/jobs/").content.decode()
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "secret-run" in page and 'data-action="cancel"' in page
+
+
+def test_the_job_page_says_why_it_waits_and_offers_what_the_state_allows(signed_in, alice, queue):
+    job = make_job(alice, queue, reason_message="Waiting for 8 free h100-80g on one node.")
+    page = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Waiting for 8 free h100-80g on one node." in page
+    assert 'data-action="hold"' in page and 'data-action="release"' not in page
+
+
+def test_jobs_table_filters_searches_sorts_and_pages(signed_in, alice, queue):
+    for i in range(60):
+        make_job(alice, queue, name=f"sweep-{i}", state=JobState.PENDING if i % 2 else JobState.RUNNING)
+    page = signed_in.get("/jobs/?state=RUNNING&sort=name").content.decode()
+    assert page.count('data-job="') == 30 and "sweep-0<" in page and "sweep-1<" not in page
+    assert "page 1 of 2" in signed_in.get("/jobs/").content.decode()
+    assert signed_in.get("/jobs/?q=sweep-42").content.decode().count('data-job="') == 1
+
+
+def test_bulk_cancel_cancels_only_what_the_user_may(client, alice, bob, queue):
+    mine = make_job(alice, queue)
+    other = make_job(bob, make_queue(make_project("nlp", members=(bob,))))
+    client.force_login(alice)
+    answer = client.post("/jobs/cancel/", {"job": [mine.pk, other.pk], "next": "/jobs/"}, follow=True)
+    assert "Cancelled 1 job(s)." in answer.content.decode()
+    assert Job.objects.get(pk=mine.pk).state == JobState.CANCELLED
+    assert Job.objects.get(pk=other.pk).state == JobState.PENDING
+
+
+def test_heatmap_data_has_every_node_in_columns(signed_in, node):
+    data = signed_in.get("/fleet/nodes.json").json()
+    assert data["name"] == ["a-n001"] and data["state"] == ["ready"] and data["gpus"] == [8]
+    assert data["held"] == [0] and set(data) == {"id", "name", "cluster", "state", "gpus", "held", "util"}
+    assert signed_in.get("/fleet/nodes.json?cluster=nope").json()["id"] == []
+    assert set(signed_in.get("/fleet/series.json").json()) == {"t", "allocated", "utilisation", "power_kw"}
