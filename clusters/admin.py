@@ -22,6 +22,7 @@ from clusters.models import (
     Node,
     NodeCredential,
     NodeEvent,
+    NodeLastSeen,
 )
 from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
@@ -190,6 +191,7 @@ class NodeAdmin(admin.ModelAdmin):
         "cpu_load",
         "memory_used_bytes",
         "power_w",
+        "heartbeats",
     ]
     inlines = [GpuDeviceInline, NodeEventInline]
     actions = [
@@ -197,6 +199,16 @@ class NodeAdmin(admin.ModelAdmin):
         service_action(cordon_node, name="cordon", description="Cordon selected nodes", refusals=_REFUSALS),
         service_action(resume_node, name="resume", description="Resume selected nodes", refusals=_REFUSALS),
     ]
+
+    @admin.display(description="Heartbeats")
+    def heartbeats(self, obj: Node) -> str:
+        seen = NodeLastSeen.objects.filter(node=obj).first()
+        if seen is None:
+            return "none received"
+        return (
+            f"last at {seen.seen_at:%Y-%m-%d %H:%M:%S}, on time since {seen.good_since:%Y-%m-%d %H:%M:%S}, "
+            f"sequence {seen.seq}, boot {seen.boot_id[:12] or '—'}"
+        )
 
     @admin.display(description="CPU cores", ordering="cpu_millicores_capacity")
     def cpu_cores(self, obj: Node) -> float:

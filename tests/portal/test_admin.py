@@ -214,3 +214,15 @@ def test_the_scheduler_page_shows_recent_cycles_and_why_jobs_wait(console, alice
 def test_the_scheduler_page_is_for_operators(client, alice):
     client.force_login(alice)
     assert client.get("/admin/scheduler/").status_code == 302
+
+
+def test_a_node_page_shows_its_heartbeats(console, node):
+    from django.utils import timezone
+
+    from clusters.models import NodeLastSeen
+
+    page = console.get(f"/admin/clusters/node/{node.pk}/change/").content.decode()
+    assert "none received" in page
+    now = timezone.now()
+    NodeLastSeen.objects.create(node=node, seen_at=now, good_since=now, boot_id="b" * 32, seq=41)
+    assert "sequence 41" in console.get(f"/admin/clusters/node/{node.pk}/change/").content.decode()
