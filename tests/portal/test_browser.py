@@ -62,6 +62,10 @@ def browser(monkeypatch):
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         yield chromium
         chromium.close()
+        # The test's queries ran beside Playwright's loop, on a connection of their own.
+        from django.db import connections
+
+        connections.close_all()
 
 
 @pytest.fixture

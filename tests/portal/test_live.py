@@ -41,6 +41,17 @@ def _event(job_id: int, project_id: int, to: str) -> dict:
     return {"type": "live.event", "event": "JobStateChanged", "data": data | {"reason": "", "at": ""}}
 
 
+@pytest.fixture(autouse=True)
+async def close_consumer_connections():
+    """The consumers' queries run on a worker thread with its own connection: close it, or the
+    test database cannot be dropped at the end of the run."""
+    yield
+    from channels.db import database_sync_to_async
+    from django.db import connections
+
+    await database_sync_to_async(connections.close_all)()
+
+
 @pytest.fixture
 def world(db):
     alice, bob = make_user("alice"), make_user("bob")
