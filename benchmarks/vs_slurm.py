@@ -47,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.heartbeats import wait_for_port  # noqa: E402
+
 SAMPLE_S = 0.5
 
 
@@ -158,17 +160,6 @@ def _port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_for(port: int, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing answers on port {port}")
-
-
 def spec(i: int, gpus: int, seconds: int, project: str) -> dict:
     return {
         "apiVersion": "orrery/v1",
@@ -240,7 +231,7 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
         processes = [
             subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log) for argv in (gunicorn, worker)
         ]
-        _wait_for(port)
+        wait_for_port(port)
         time.sleep(2)  # the worker and its beat settle
         result = {}
         for mode, project in (("single", "bench"), ("batch", "bench-batch")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -82,3 +83,13 @@ def wait(condition, what: str, timeout: float = 30.0):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for: {what}")
+
+
+def spawn_agent(
+    server: str, join: str, work_dir: Path, name: str, gpus: str, *extra: str
+) -> subprocess.Popen:
+    """A real ``orrery-agent`` process with fake GPUs, logging to ``<work_dir>.log``."""
+    argv = [sys.executable, "-m", "clusters.agent", "--server", server, "--join-token", join]
+    argv += ["--fake-gpus", gpus, "--work-dir", str(work_dir), "--name", name, "--grace", "1", *extra]
+    with open(f"{work_dir}.log", "a") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)

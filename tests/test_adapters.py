@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from tests.factories import (
     make_queue,
     make_user,
 )
+from tests.processes import spawn_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,32 +97,11 @@ def native_world(live_server, settings, tmp_path) -> Iterator[World]:
     cluster = make_cluster("lab", kind=ClusterKind.NATIVE)
     _, join = create_join_token(cluster)
     work = tmp_path / "agent"
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "clusters.agent",
-            "--server",
-            live_server.url,
-            "--join-token",
-            join,
-            "--fake-gpus",
-            "a100:2",
-            "--work-dir",
-            str(work),
-            "--name",
-            "n1",
-            "--grace",
-            "1",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "agent.log", "a"),  # noqa: SIM115
-    )
+    agent = spawn_agent(live_server.url, join, work, "n1", "a100:2")
     try:
         end = time.monotonic() + 30
         while not Node.objects.filter(cluster=cluster, gpus__isnull=False).exists():
-            assert time.monotonic() < end, (tmp_path / "agent.log").read_text()[-2000:]
+            assert time.monotonic() < end, Path(f"{work}.log").read_text()[-2000:]
             time.sleep(0.2)
         Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
 

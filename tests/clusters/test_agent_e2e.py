@@ -22,7 +22,7 @@ from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
 from scheduling.models import Allocation
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
-from tests.processes import Service, control_plane_env, free_port, wait
+from tests.processes import Service, control_plane_env, free_port, spawn_agent, wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,29 +97,8 @@ def world(plane, tmp_path):
     agents: dict[str, subprocess.Popen] = {}
 
     def start_agent(name: str) -> subprocess.Popen:
-        agents[name] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "clusters.agent",
-                "--server",
-                plane["url"],
-                "--join-token",
-                join,
-                "--fake-gpus",
-                "h100:2",
-                "--work-dir",
-                str(tmp_path / name),
-                "--name",
-                name,
-                "--grace",
-                "1",
-                "--address",
-                f"{name}.lab",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp_path / f"{name}.log", "a"),  # noqa: SIM115
+        agents[name] = spawn_agent(
+            plane["url"], join, tmp_path / name, name, "h100:2", "--address", f"{name}.lab"
         )
         return agents[name]
 
@@ -316,28 +295,7 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
         tmp_path / "gunicorn.log",
         port,
     ).start()
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "clusters.agent",
-            "--server",
-            f"http://127.0.0.1:{port}",
-            "--join-token",
-            join,
-            "--fake-gpus",
-            "h100:1",
-            "--work-dir",
-            str(tmp_path / "n1"),
-            "--name",
-            "n1",
-            "--grace",
-            "1",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "agent.log", "a"),  # noqa: SIM115
-    )
+    agent = spawn_agent(f"http://127.0.0.1:{port}", join, tmp_path / "n1", "n1", "h100:1")
     world = {"url": f"http://127.0.0.1:{port}", "token": token}
     try:
         wait(lambda: Node.objects.filter(name="n1", state=NodeState.READY).exists(), "the node")
