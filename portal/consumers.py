@@ -8,7 +8,9 @@ never receives raw heartbeats or one message per event, however busy the fleet i
 is checked against what this subscriber may see before it is folded in, so a user never hears
 of another project's job. A client that reconnects resynchronises from REST (``portal/live.js``).
 
-Close codes: 4401 not signed in, 4404 no such job or not yours.
+Access is decided at connect and again every 30 s, so a user removed from a project stops
+hearing about it without reconnecting. Close codes: 4401 not signed in, 4404 no such job or
+not yours (also when access is lost).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from clusters.models import Cluster
 from portal.access import access_job, visible_projects
 
 FLUSH_S = 1.0
+RECHECK_S = 30.0
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     flush_s = FLUSH_S
+    recheck_s = RECHECK_S  # access is decided again this often: a user removed from a project
+    # stops hearing about it within this time, without reconnecting
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -81,9 +86,28 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             for node_id in data["node_ids"]:
                 self.nodes[node_id] = data["to_state"]
 
+    async def _recheck(self) -> bool:
+        """Decide access again; leave groups no longer allowed. False closes the socket."""
+        groups = await self.authorise()
+        if groups is None:
+            await self.close(code=4404)
+            return False
+        for group in set(self.live_groups) - set(groups):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        for group in set(groups) - set(self.live_groups):
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.live_groups = groups
+        return True
+
     async def _flush_forever(self) -> None:
+        since_check = 0.0
         while True:
             await asyncio.sleep(self.flush_s)
+            since_check += self.flush_s
+            if since_check >= self.recheck_s:
+                since_check = 0.0
+                if not await self._recheck():
+                    return
             if self.jobs or self.nodes or self.new_jobs:
                 delta = {"type": "delta", "jobs": self.jobs, "nodes": self.nodes, "newJobs": self.new_jobs}
                 self.jobs, self.nodes, self.new_jobs = {}, {}, 0

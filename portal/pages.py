@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -42,7 +43,7 @@ ACTIONS = {
     "cancel": {s.value for s in JobState} - {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"},
     "hold": {"PENDING", "SCHEDULED"},
     "release": {"HELD"},
-    "requeue": {s.value for s in ACTIVE_STATES} | {"HELD"},
+    "requeue": {s.value for s in ACTIVE_STATES},
 }
 
 
@@ -105,8 +106,8 @@ def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]
         jobs = jobs.filter(owner=request.user)
     if q := params["q"]:
         match = Q(name__icontains=q) | Q(owner__username__iexact=q)
-        if q.isdigit():
-            match |= Q(pk=int(q))
+        if _job_id(q) is not None:
+            match |= Q(pk=_job_id(q))
         jobs = jobs.filter(match)
     return jobs.order_by(SORTS.get(params["sort"], "-id")), params
 
@@ -131,7 +132,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "params": params,
         "states": JobState.values,
         "projects": visible_projects(request.user).order_by("name").values_list("name", flat=True),
-        "query": "&".join(f"{k}={v}" for k, v in params.items() if v and k != "sort"),
+        "query": urlencode({k: v for k, v in params.items() if v and k != "sort"}),
     }
     return render(request, "portal/jobs.html", context)
 
@@ -139,7 +140,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def bulk_cancel(request: HttpRequest) -> HttpResponse:
-    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit()][:1000]
+    ids = [i for i in map(_job_id, request.POST.getlist("job")) if i is not None][:1000]
     done = refused = 0
     for job in visible_jobs(request.user).filter(pk__in=ids):
         if not can_act_on_job(request.user, job):
@@ -261,7 +262,8 @@ def fleet_data(request: HttpRequest) -> JsonResponse:
 @login_required
 def fleet_series(request: HttpRequest) -> JsonResponse:
     """One-minute roll-ups of the last ``hours`` (default 6): allocation, utilisation, power."""
-    hours = min(max(int(request.GET.get("hours", "6") or 6), 1), 24)
+    raw = request.GET.get("hours", "6")
+    hours = min(max(int(raw), 1), 24) if raw.isascii() and raw.isdigit() and len(raw) < 4 else 6
     since = timezone.now() - timedelta(hours=hours)
     points = MetricPoint.objects.filter(resolution=MetricPoint.Resolution.MINUTE, at__gte=since)
     if name := request.GET.get("cluster"):
@@ -331,6 +333,12 @@ def queues(request: HttpRequest) -> HttpResponse:
             }
         )
     return render(request, "portal/queues.html", {"table": table})
+
+
+def _job_id(text: str) -> int | None:
+    """A job id typed or posted by a user, or None (ASCII digits only, within a bigint)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def _duration(delta: timedelta) -> str:

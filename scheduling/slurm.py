@@ -24,7 +24,7 @@ from clusters.choices import ClusterKind
 from clusters.models import Cluster
 from clusters.services.slurm import client_for, for_each_slurm_cluster
 from scheduling.agentwork import store_log
-from scheduling.choices import ACTIVE_STATES, FailoverPolicy, JobState
+from scheduling.choices import ACTIVE_STATES, JobState
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt
 from scheduling.services.transitions import InvalidTransition, TransitionConflict, transition_job
 
@@ -75,7 +75,9 @@ def submit_attempt(attempt: JobAttempt) -> str:
         f"--nodelist={','.join(nodes)}",
         f"--nodes={len(nodes)}",
         f"--output={_output_path(attempt.pk)}",
-        "--requeue" if job.failover_policy == FailoverPolicy.REQUEUE and job.retries else "--no-requeue",
+        # Always: Orrery's failover policy places a retry (anywhere, counted against the job's
+        # retries); Slurm's own requeue would rerun it pinned to the same nodes, unseen.
+        "--no-requeue",
         "--export=ALL," + ",".join(f"{k}={v}" for k, v in variables.items()),
     ]
     if gpus:
@@ -133,10 +135,10 @@ def sync_slurm(cluster: Cluster) -> dict[str, int]:
         state = job_state(slurm_job.get("job_state"))
         if attempt is None:
             if (
-                state in ("PENDING", "RUNNING", "STARTING")
+                state in ("PENDING", "HELD", "RUNNING", "STARTING")
                 and JobAttempt.objects.filter(pk=_uuid(name)).exists()
+                and _cancel(client, slurm_job)  # Orrery cancelled or moved it
             ):
-                client.cancel(int(slurm_job["job_id"]))  # Orrery cancelled or moved it
                 counts["cancelled"] += 1
             continue
         counts["moved"] += _follow(attempt, state, slurm_job, client)
@@ -173,9 +175,8 @@ def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any], client: 
         if text != job.reason_message:
             Job.objects.filter(pk=job.pk, state=job.state).update(reason_message=text)
         return 0
-    if state in ("RUNNING", "COMPLETING") and _past_time_limit(job, slurm_job):
+    if _past_time_limit(job, slurm_job) and _cancel(client, slurm_job):
         # Slurm's limits are whole minutes (and checked every 30 s); Orrery's are seconds.
-        client.cancel(int(slurm_job["job_id"]))
         return _move(attempt, JobState.TIMEOUT, message=f"ran past its time limit of {job.time_limit_s} s")
     if state in ("RUNNING", "COMPLETING") and job.state in (JobState.SCHEDULED, JobState.STARTING):
         return _move(attempt, JobState.RUNNING, message=f"running on {slurm_job.get('nodes')}")
@@ -190,8 +191,22 @@ def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any], client: 
 
 
 def _past_time_limit(job: Job, slurm_job: dict[str, Any]) -> bool:
+    """Still running (not completing, not suspended) past the job's limit."""
+    raw = slurm_job.get("job_state")
+    if (raw if isinstance(raw, str) else (raw or [""])[0]).upper() != "RUNNING":
+        return False
     started = slurm_job.get("start_time") or 0
     return bool(job.time_limit_s and started and time.time() > started + job.time_limit_s)
+
+
+def _cancel(client: SlurmClient, slurm_job: dict[str, Any]) -> bool:
+    """Cancel a Slurm job; a refusal (it ended meanwhile) is logged, and the sync goes on."""
+    try:
+        client.cancel(int(slurm_job["job_id"]))
+        return True
+    except SlurmError as exc:
+        log.warning("could not cancel Slurm job %s: %s", slurm_job.get("job_id"), exc)
+        return False
 
 
 def _move(attempt: JobAttempt, to: str, *, exit_code: int | None = None, message: str = "") -> int:

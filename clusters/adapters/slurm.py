@@ -159,7 +159,11 @@ class SlurmClient:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"{}")
+                body = response.read() or b"{}"
+            answer = json.loads(body)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+            return answer
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")
             if exc.code == 401:
@@ -178,6 +182,10 @@ class SlurmClient:
                 raise SlurmError(f"not found: {path}") from None
             detail = "; ".join(e.get("error") or e.get("description") or "" for e in errors) or text[:200]
             raise SlurmError(f"slurmrestd answered {exc.code}: {detail}") from None
+        except ValueError:
+            raise SlurmError(
+                f"{self.url}{path} did not answer with slurmrestd's JSON: is this the slurmrestd URL?", "url"
+            ) from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             raise SlurmError(
                 f"cannot reach slurmrestd at {self.url}: {getattr(exc, 'reason', exc)}", "url"

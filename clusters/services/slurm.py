@@ -106,8 +106,8 @@ def collect(cluster: Cluster, client: SlurmClient | None = None) -> Collected:
                     "r": [],
                 }
             )
-    if records:
-        get_buffer().put(records)
+    if records:  # after commit: onboarding creates the nodes in the same transaction
+        transaction.on_commit(lambda: get_buffer().put(records))
     return Collected(len(nodes), gpus, tuple(sorted(unknown)))
 
 

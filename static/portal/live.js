@@ -81,7 +81,7 @@ const Orrery = (() => {
     cancel: ["PENDING", "HELD", "SCHEDULED", "STARTING", "RUNNING", "COMPLETING"],
     hold: ["PENDING", "SCHEDULED"],
     release: ["HELD"],
-    requeue: ["SCHEDULED", "STARTING", "RUNNING", "COMPLETING", "HELD"],
+    requeue: ["SCHEDULED", "STARTING", "RUNNING", "COMPLETING"],
   };
 
   function jobPage(id) {

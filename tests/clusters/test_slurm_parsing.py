@@ -101,3 +101,43 @@ def test_recorded_jobs():
     assert decode_exit(jobs["rec-exit3"]["exit_code"]) == (3, None)
     assert job_state(jobs["rec-sleep"]["job_state"]) == "CANCELLED"
     assert decode_exit(jobs["rec-sleep"]["exit_code"]) == (None, 15)
+
+
+def test_an_answer_that_is_not_slurmrestd_json_is_a_clear_error():
+    import http.server
+    import threading
+
+    from clusters.adapters.slurm import SlurmClient, SlurmError
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # a catch-all web app: 200 with HTML on every path
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>welcome</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SlurmError, match="is this the slurmrestd URL") as caught:
+            SlurmClient(f"http://127.0.0.1:{server.server_port}", "jwt").connect()
+        assert caught.value.field == "url"
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(
+    "state, expected",
+    [("RUNNING", True), ("COMPLETING", False), ("SUSPENDED", False), (["RUNNING"], True)],
+)
+def test_only_a_running_job_can_pass_its_time_limit(state, expected):
+    import time
+    from types import SimpleNamespace
+
+    from scheduling.slurm import _past_time_limit
+
+    job = SimpleNamespace(time_limit_s=60)
+    assert _past_time_limit(job, {"job_state": state, "start_time": time.time() - 61}) is expected
+    assert _past_time_limit(job, {"job_state": state, "start_time": time.time() - 59}) is False

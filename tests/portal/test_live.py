@@ -110,3 +110,16 @@ async def test_a_transition_reaches_the_job_page(world):
     assert delta["jobs"] == {str(job.pk): "HELD"}
     await socket.disconnect()
     await asyncio.sleep(0)
+
+
+async def test_a_user_removed_from_the_project_is_cut_off(world, monkeypatch):
+    from portal import consumers
+    from portal.models import Membership
+
+    monkeypatch.setattr(consumers.LiveConsumer, "recheck_s", 1.0)
+    job = world["jobs"][0]
+    socket, connected, _ = await _connect(f"/ws/jobs/{job.pk}/", world["alice"])
+    assert connected and (await socket.receive_json_from())["type"] == "hello"
+    await sync_to_async(lambda: Membership.objects.filter(user=world["alice"]).delete())()
+    closed = await socket.receive_output(timeout=4)
+    assert closed == {"type": "websocket.close", "code": 4404}

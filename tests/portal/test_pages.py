@@ -81,3 +81,21 @@ def test_heatmap_data_has_every_node_in_columns(signed_in, node):
     assert data["held"] == [0] and set(data) == {"id", "name", "cluster", "state", "gpus", "held", "util"}
     assert signed_in.get("/fleet/nodes.json?cluster=nope").json()["id"] == []
     assert set(signed_in.get("/fleet/series.json").json()) == {"t", "allocated", "utilisation", "power_kw"}
+
+
+def test_odd_input_is_never_a_500(signed_in, alice, queue):
+    held = make_job(alice, queue, state=JobState.HELD)
+    assert signed_in.get("/jobs/?q=²").status_code == 200
+    assert signed_in.get("/jobs/?q=99999999999999999999999").status_code == 200
+    assert signed_in.get("/fleet/series.json?hours=abc").status_code == 200
+    answer = signed_in.post("/jobs/cancel/", {"job": ["²", "1" + "0" * 30, str(held.pk)]}, follow=True)
+    assert answer.status_code == 200 and "Cancelled 1 job(s)." in answer.content.decode()
+    page = signed_in.get(f"/jobs/{make_job(alice, queue, state=JobState.HELD).pk}/").content.decode()
+    assert 'data-action="release"' in page and 'data-action="requeue"' not in page  # held: not requeuable
+
+
+def test_paging_links_keep_a_search_with_odd_characters(signed_in, alice, queue):
+    for i in range(60):
+        make_job(alice, queue, name=f"a&b-{i}")
+    page = signed_in.get("/jobs/?q=a%26b").content.decode()
+    assert "q=a%26b" in page
