@@ -16,6 +16,7 @@ from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
 from scheduling.models import DispatchOutbox, Job
 from scheduling.services.transitions import transition_jobs
+from scheduling.wakeup import wake_simulated
 
 _cache: SchedulerCache | None = None
 _lock = threading.Lock()
@@ -30,7 +31,8 @@ def scheduler_cache() -> SchedulerCache:
 
 
 def advance_simulated_jobs() -> dict[str, int]:
-    """Start what was placed on simulated clusters and finish what has run its course."""
+    """Start what was placed on simulated clusters and finish what has run its course. Asks to
+    run again when the next job ends before the next beat (``wakeup.wake_simulated``)."""
     started = list(
         DispatchOutbox.objects.filter(
             state=DispatchOutbox.State.PENDING,
@@ -54,17 +56,23 @@ def advance_simulated_jobs() -> dict[str, int]:
     now = timezone.now()
     default = settings.ORRERY_SIM_DEFAULT_DURATION_S
     done_ok, done_failed = [], {}
+    soonest = None
     for pk, started_at, spec in Job.objects.filter(
         state=JobState.RUNNING, attempts__active=True, attempts__cluster__kind=ClusterKind.SIMULATED
     ).values_list("pk", "started_at", "spec"):
         sim = (spec or {}).get("sim") or {}
         duration = default if sim.get("durationSeconds") is None else sim["durationSeconds"]
-        if started_at and started_at + timedelta(seconds=duration) <= now:
+        if not started_at:
+            continue
+        end = started_at + timedelta(seconds=duration)
+        if end <= now:
             code = sim.get("exitCode") or 0
             if code:
                 done_failed[pk] = code
             else:
                 done_ok.append(pk)
+        elif soonest is None or end < soonest:
+            soonest = end
     moved["finished"] = len(
         transition_jobs(
             done_ok,
@@ -85,4 +93,6 @@ def advance_simulated_jobs() -> dict[str, int]:
                 message=f"exit code {code} on a simulated cluster",
             )
         )
+    if soonest is not None:
+        wake_simulated((soonest - timezone.now()).total_seconds())
     return moved

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, connections
@@ -195,6 +196,31 @@ def test_a_second_concurrent_cycle_writes_nothing(alice, queue, fleet):
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     assert not JobAttempt.objects.exists()
     assert run_cycle(SchedulerCache()).placed == 1  # the lock died with the other transaction
+
+
+def test_simulated_jobs_end_on_time_not_on_the_next_beat(alice, queue, fleet, settings, monkeypatch):
+    from django.core.cache import cache
+
+    from scheduling import tasks
+
+    settings.REDIS_URL = "redis://wake-ups-only"  # wake-ups are a Celery feature
+    cache.clear()
+    asked: list[float] = []
+    monkeypatch.setattr(
+        tasks.simulated_clusters_task, "apply_async", lambda countdown, expires: asked.append(countdown)
+    )
+    soon = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 0.4, "exitCode": 0}})
+    run_cycle(SchedulerCache())
+    assert advance_simulated_jobs()["started"] == 1
+    assert len(asked) == 1 and 0.3 < asked[0] <= 0.5  # at its end, not at the beat a second later
+    time.sleep(asked[0])
+    assert advance_simulated_jobs()["finished"] == 1
+    assert Job.objects.get(pk=soon.pk).state == JobState.SUCCEEDED
+    make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 30, "exitCode": 0}})
+    run_cycle(SchedulerCache())
+    asked.clear()
+    advance_simulated_jobs()
+    assert asked == []  # ends after the next beat: the beat will see it
 
 
 def test_simulated_clusters_run_what_is_placed_on_them(alice, queue, fleet):
