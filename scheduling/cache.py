@@ -260,7 +260,7 @@ class SchedulerCache:
                 for _, job, to_state, attempt in events
                 if not (to_state == JobState.SCHEDULED and attempt in ours)
             }
-            self.placed_by_us = {a for a in ours if a not in {e[3] for e in events}}
+            self.placed_by_us = ours - {e[3] for e in events}
             if changed:
                 self.refresh_jobs(changed)
         # Node events: the same window, for rows committed out of id order. Applying one again
