@@ -194,16 +194,22 @@ def clusters(request: HttpRequest) -> HttpResponse:
         .annotate(n=Count("id"))
         .values_list("cluster_id", "n")
     )
+    waiting = Job.objects.filter(state__in=WAITING_STATES)
+    pinned: dict[str, int] = {}  # a waiting job belongs to no cluster, unless it names some
+    for placement in waiting.exclude(placement__clusters=[]).values_list("placement", flat=True):
+        for name in (placement or {}).get("clusters") or ():
+            pinned[name] = pinned.get(name, 0) + 1
     cards = [
         {
             "cluster": c,
             "nodes": capacity.nodes.get(c.pk, {"total": 0, "ready": 0}),
             "gpus": capacity.gpus.get(c.pk, []),
             "running": running.get(c.pk, 0),
+            "pending": pinned.get(c.name, 0),
         }
         for c in Cluster.objects.order_by("name")
     ]
-    pending = Job.objects.filter(state__in=WAITING_STATES).count()
+    pending = waiting.count()
     return render(request, "portal/clusters.html", {"cards": cards, "pending": pending})
 
 

@@ -99,3 +99,11 @@ def test_paging_links_keep_a_search_with_odd_characters(signed_in, alice, queue)
         make_job(alice, queue, name=f"a&b-{i}")
     page = signed_in.get("/jobs/?q=a%26b").content.decode()
     assert "q=a%26b" in page
+
+
+def test_cluster_cards_count_running_and_the_jobs_waiting_for_them(signed_in, alice, queue, node):
+    make_job(alice, queue, placement={"clusters": ["sim-a"], "nodeSelector": {}})
+    make_job(alice, queue, placement={"clusters": ["elsewhere"], "nodeSelector": {}})
+    make_job(alice, queue, placement={"clusters": [], "nodeSelector": {}})
+    page = signed_in.get("/clusters/").content.decode()
+    assert "<strong>1</strong> waiting for it" in page and "3 job(s) waiting across the fleet" in page
