@@ -72,8 +72,10 @@ const Orrery = (() => {
   }
 
   function jobsPage() {
-    const all = $("#all");
-    if (all) all.addEventListener("change", () => document.querySelectorAll('input[name="job"]').forEach((c) => { c.checked = all.checked; }));
+    // Delegated: filtering, sorting and paging swap the table in place (htmx), listeners stay.
+    document.addEventListener("change", (e) => {
+      if (e.target.id === "all") document.querySelectorAll('input[name="job"]').forEach((c) => { c.checked = e.target.checked; });
+    });
     liveJobs("/ws/jobs/");
   }
 

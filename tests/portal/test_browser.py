@@ -141,6 +141,12 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     page.goto(f"{server}/jobs/")
     assert "train-resnet" in page.inner_text("table")
     page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+    page.evaluate("window.sameDocument = true")  # filtering swaps the table in place
+    page.fill('input[name="q"]', "finished-1")
+    page.click('form.filters button[type="submit"]')
+    page.wait_for_url("**q=finished-1**")
+    page.wait_for_function("document.querySelectorAll('tr[data-job]').length === 1")
+    assert page.evaluate("window.sameDocument") is True and "finished-1" in page.inner_text("table")
     for name in ("clusters", "queues"):
         page.goto(f"{server}/{name}/")
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
