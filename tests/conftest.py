@@ -4,7 +4,22 @@ from pathlib import Path
 
 import pytest
 
+from clusters.ingest.buffer import get_buffer
+from clusters.services.aggregation import forget_catalog
+from clusters.services.credentials import forget_cached_identities
 from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
+
+
+@pytest.fixture(autouse=True)
+def clean_pipeline():
+    """Each test starts with an empty heartbeat buffer and cold caches: the buffer remembers the
+    last sequence number per node id, and ids are reused between tests (SQLite reuses them
+    after a rollback)."""
+    get_buffer().clear()
+    forget_cached_identities()
+    forget_catalog()
+    yield
+    get_buffer().clear()
 
 
 @pytest.fixture
