@@ -17,7 +17,7 @@ from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
 from scheduling.cycle import RECENT_CYCLES_KEY
 from scheduling.models import Job, SchedulerState
 from scheduling.policies import active_profile
-from scheduling.selectors import fleet_capacity
+from scheduling.selectors import gpus_by_model
 
 
 class OrreryAdminSite(admin.AdminSite):
@@ -54,14 +54,9 @@ class OrreryAdminSite(admin.AdminSite):
 
 
 def fleet_health() -> dict[str, Any]:
-    capacity = fleet_capacity()
-    gpus = {"total": 0, "free": 0, "allocated": 0, "unhealthy": 0}
-    for entries in capacity.gpus.values():
-        for e in entries:
-            gpus["total"] += e["total"]
-            gpus["free"] += e["free"]
-            gpus["allocated"] += e["allocated"]
-            gpus["unhealthy"] += e["total"] - e["healthy"]
+    models = gpus_by_model()
+    gpus = {key: sum(m[key] for m in models) for key in ("total", "free", "allocated")}
+    gpus["unhealthy"] = sum(m["total"] - m["healthy"] for m in models)
     return {
         "clusters": Cluster.objects.values("state").annotate(n=Count("id")).order_by("state"),
         "nodes": Node.objects.values("state").annotate(n=Count("id")).order_by("state"),

@@ -141,10 +141,6 @@ class JobConsumer(LiveConsumer):
             return False
         return data.get("job_id") == self.job_id or self.job_id in (data.get("job_ids") or ())
 
-    async def live_event(self, message: dict[str, Any]) -> None:
-        await super().live_event(message)
-        self.new_jobs = 0
-
 
 class FleetConsumer(LiveConsumer):
     """``/ws/fleet/``: node state changes across the fleet (nodes are not project data)."""

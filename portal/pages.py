@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Avg, Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -18,11 +17,13 @@ from django.views.decorators.http import require_POST
 
 from clusters.models import Cluster, GpuDevice, MetricPoint, Node
 from portal.access import access_job, can_act_on_job, usable_queues, visible_jobs, visible_projects
+from portal.api.errors import InputError
+from portal.api.filters import filter_jobs
 from portal.api.serializers import reason_sentence
 from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
-from scheduling.models import Allocation, Job, JobAttempt, Queue, QueueQuota
-from scheduling.selectors import fleet_capacity, queue_usage
-from scheduling.services.jobs import cancel_job
+from scheduling.models import Allocation, Job, JobAttempt
+from scheduling.selectors import fleet_capacity, gpus_by_model, queue_gpu_rows
+from scheduling.services.jobs import ACTION_SOURCES, cancel_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 
 PAGE = 50
@@ -38,24 +39,6 @@ SORTS = {
     "gpus": "gpus_per_node",
     "-gpus": "-gpus_per_node",
 }
-# Which actions a job page offers, by state (the API decides; these only hide useless buttons).
-ACTIONS = {
-    "cancel": {s.value for s in JobState} - {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"},
-    "hold": {"PENDING", "SCHEDULED"},
-    "release": {"HELD"},
-    "requeue": {s.value for s in ACTIVE_STATES},
-}
-
-
-def _free_gpus() -> list[dict[str, Any]]:
-    """Free GPUs by model across the fleet (what a job could start on now)."""
-    totals: dict[str, dict[str, int]] = {}
-    for entries in fleet_capacity().gpus.values():
-        for e in entries:
-            t = totals.setdefault(e["model"], {"total": 0, "free": 0, "allocated": 0})
-            for k in t:
-                t[k] += e[k]
-    return [{"model": m} | v for m, v in sorted(totals.items())]
 
 
 @login_required
@@ -64,22 +47,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     running = mine.filter(state__in=ACTIVE_STATES).select_related("project", "queue").order_by("-id")[:20]
     pending = mine.filter(state__in=WAITING_STATES).select_related("project", "queue").order_by("-id")[:20]
     queues = list(usable_queues(request.user).order_by("project__name", "name"))
-    held, _ = queue_usage([q.pk for q in queues])
-    quotas = {
-        (q.queue_id, q.gpu_model.slug): q.gpus
-        for q in QueueQuota.objects.filter(queue__in=queues).select_related("gpu_model")
-    }
-    usage = [
-        {"queue": q, "model": model, "used": n, "quota": quotas.get((q.pk, model))}
-        for q in queues
-        for model, n in sorted((held.get(q.pk) or {}).items())
-    ] + [
-        {"queue": q, "model": model, "used": 0, "quota": quota}
-        for q in queues
-        for (qid, model), quota in sorted(quotas.items())
-        if qid == q.pk and model not in (held.get(q.pk) or {})
-    ]
-    context = {"running": running, "pending": pending, "usage": usage, "free": _free_gpus()}
+    gpus, _ = queue_gpu_rows(q.pk for q in queues)
+    usage = [{"queue": q} | row for q in queues for row in gpus[q.pk]]
+    context = {"running": running, "pending": pending, "usage": usage, "free": gpus_by_model()}
     return render(request, "portal/dashboard.html", context)
 
 
@@ -89,19 +59,19 @@ def submit(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "portal/submit.html",
-        {"queues": queues, "free": _free_gpus(), "clusters": Cluster.objects.order_by("name")},
+        {"queues": queues, "free": gpus_by_model(), "clusters": Cluster.objects.order_by("name")},
     )
 
 
 def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
+    """The API's job filters (``state`` takes names or short codes), plus a search box, "mine"
+    and a sort. A filter the API would refuse is said on the page, and left out."""
     params = {k: request.GET.get(k, "").strip() for k in ("state", "project", "queue", "q", "sort", "mine")}
     jobs = visible_jobs(request.user).select_related("owner", "project", "queue", "gpu_model")
-    if params["state"]:
-        jobs = jobs.filter(state__in=[s for s in params["state"].upper().split(",") if s in JobState.values])
-    if params["project"]:
-        jobs = jobs.filter(project__name=params["project"])
-    if params["queue"]:
-        jobs = jobs.filter(queue__name=params["queue"])
+    try:
+        jobs = filter_jobs(jobs, {k: params[k] for k in ("state", "project", "queue")})
+    except InputError as exc:
+        messages.error(request, "; ".join(f"{path}: {why}" for path, why in exc.errors))
     if params["mine"]:
         jobs = jobs.filter(owner=request.user)
     if q := params["q"]:
@@ -180,7 +150,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "gpus": gpus.order_by("node__name", "index"),
         "events": job.events.select_related("actor").order_by("id"),
         "why": reason_sentence(job),
-        "actions": [a for a, states in ACTIONS.items() if allowed and job.state in states],
+        "actions": [a for a, states in ACTION_SOURCES.items() if allowed and job.state in states],
+        "action_sources": {a: sorted(states) for a, states in ACTION_SOURCES.items()},
     }
     return render(request, "portal/job.html", context)
 
@@ -247,11 +218,12 @@ def fleet_data(request: HttpRequest) -> JsonResponse:
         .annotate(n=Count("id"))
         .values_list("node_id", "n")
     )
-    util: dict[int, float] = {}
-    for node_id, value in GpuDevice.objects.filter(utilization__isnull=False).values_list(
-        "node_id", "utilization"
-    ):
-        util.setdefault(node_id, []).append(value)  # type: ignore[arg-type]
+    util = dict(
+        GpuDevice.objects.filter(utilization__isnull=False)
+        .values("node_id")
+        .annotate(mean=Avg("utilization"))
+        .values_list("node_id", "mean")
+    )
     return JsonResponse(
         {
             "id": [r[0] for r in rows],
@@ -260,7 +232,7 @@ def fleet_data(request: HttpRequest) -> JsonResponse:
             "state": [r[3] for r in rows],
             "gpus": [r[4] for r in rows],
             "held": [held.get(r[0], 0) for r in rows],
-            "util": [round(sum(util[r[0]]) / len(util[r[0]])) if r[0] in util else None for r in rows],
+            "util": [round(util[r[0]]) if r[0] in util else None for r in rows],
         }
     )
 
@@ -302,40 +274,22 @@ def fleet_series(request: HttpRequest) -> JsonResponse:
 
 @login_required
 def queues(request: HttpRequest) -> HttpResponse:
-    rows = list(
-        (Queue.objects.all() if request.user.is_staff else usable_queues(request.user))
-        .select_related("project")
-        .prefetch_related("quotas__gpu_model")
-        .order_by("project__name", "name")
-    )
-    held, counts = queue_usage([q.pk for q in rows])
+    rows = list(usable_queues(request.user).order_by("project__name", "name"))
+    gpus, counts = queue_gpu_rows(q.pk for q in rows)
     table = []
     for q in rows:
-        quota = {p.gpu_model.slug: p for p in q.quotas.all()}
-        used = held.get(q.pk) or {}
-        models = sorted(set(quota) | set(used))
-        gpus = []
-        for m in models:
-            nominal = quota[m].gpus if m in quota else None
-            n = used.get(m, 0)
-            gpus.append(
-                {
-                    "model": m,
-                    "quota": nominal,
-                    "limit": quota[m].borrowing_limit if m in quota else None,
-                    "used": n,
-                    "borrowed": max(n - nominal, 0) if nominal is not None else 0,
-                    "share": round(100 * n / nominal) if nominal else None,
-                }
-            )
+        for g in gpus[q.pk]:
+            nominal = g["quota"]
+            g["borrowed"] = max(g["used"] - nominal, 0) if nominal is not None else 0
+            g["share"] = round(100 * g["used"] / nominal) if nominal else None
         jobs = counts.get(q.pk) or {}
         table.append(
             {
                 "queue": q,
-                "gpus": gpus,
+                "gpus": gpus[q.pk],
                 "pending": jobs.get("PENDING", 0),
                 "held": jobs.get("HELD", 0),
-                "running": sum(jobs.get(s, 0) for s in ("SCHEDULED", "STARTING", "RUNNING", "COMPLETING")),
+                "running": sum(jobs.get(s, 0) for s in ACTIVE_STATES),
             }
         )
     return render(request, "portal/queues.html", {"table": table})

@@ -131,8 +131,9 @@ def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
 
 
 def _remember(report: CycleReport) -> None:
-    """Keep a short history of cycles that did something, for operators (best effort)."""
-    if not report.ran or not (report.placed or report.lost_races or report.unschedulable_classes):
+    """Keep a short history of cycles that placed work, for operators (best effort). A cycle
+    that places nothing costs nothing here: with jobs waiting, that is every idle second."""
+    if not report.ran or not (report.placed or report.lost_races):
         return
     entry = {
         "at": time.time(),

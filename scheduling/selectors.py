@@ -11,7 +11,7 @@ from django.db.models import Count, Q
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import GpuDevice, Node
 from scheduling.choices import ACTIVE_STATES, WAITING_STATES
-from scheduling.models import Allocation, Job
+from scheduling.models import Allocation, Job, QueueQuota
 
 
 def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
@@ -100,6 +100,48 @@ def queue_usage(queue_ids: Iterable[int]) -> tuple[dict[int, dict[str, int]], di
     ):
         jobs.setdefault(row["queue_id"], {})[row["state"]] = row["n"]
     return held, jobs
+
+
+def queue_gpu_rows(
+    queue_ids: Iterable[int],
+) -> tuple[dict[int, list[dict[str, Any]]], dict[int, dict[str, int]]]:
+    """Per queue, one row per GPU model it has a quota for or holds — ``{"model", "quota",
+    "borrowingLimit", "used"}`` — and its jobs per state. ``quota`` is None when the queue has no
+    quota at all (the scheduler does not limit it), 0 for a model a limited queue has none of."""
+    ids = list(queue_ids)
+    held, jobs = queue_usage(ids)
+    quotas: dict[int, dict[str, tuple[int, int | None]]] = {}
+    for queue_id, slug, gpus, limit in QueueQuota.objects.filter(queue_id__in=ids).values_list(
+        "queue_id", "gpu_model__slug", "gpus", "borrowing_limit"
+    ):
+        quotas.setdefault(queue_id, {})[slug] = (gpus, limit)
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for queue_id in ids:
+        quota, used = quotas.get(queue_id, {}), held.get(queue_id, {})
+        rows[queue_id] = [
+            {
+                "model": slug,
+                "quota": quota[slug][0] if slug in quota else (0 if quota else None),
+                "borrowingLimit": quota[slug][1] if slug in quota else None,
+                "used": used.get(slug, 0),
+            }
+            for slug in sorted(set(quota) | set(used))
+        ]
+    return rows, jobs
+
+
+def gpus_by_model() -> list[dict[str, Any]]:
+    """The fleet's GPUs per model, summed over clusters: ``{"model", "total", "healthy",
+    "allocated", "free"}`` (free as in ``FleetCapacity``)."""
+    totals: dict[str, dict[str, Any]] = {}
+    for entries in fleet_capacity().gpus.values():
+        for e in entries:
+            t = totals.setdefault(
+                e["model"], {"model": e["model"], "total": 0, "healthy": 0, "allocated": 0, "free": 0}
+            )
+            for key in ("total", "healthy", "allocated", "free"):
+                t[key] += e[key]
+    return [totals[m] for m in sorted(totals)]
 
 
 def allocated_gpu_counts() -> dict[tuple[int, int], int]:

@@ -51,7 +51,7 @@ from portal.models import ApiToken, Membership
 from portal.services.tokens import issue_token, revoke_token
 from scheduling.agentwork import log_tail
 from scheduling.models import Allocation, Job, JobAttempt, Queue
-from scheduling.selectors import fleet_capacity, queue_usage
+from scheduling.selectors import fleet_capacity, queue_gpu_rows
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
 from scheduling.services.submission import build_requests
 from scheduling.spec import SpecError, parse_job_spec
@@ -299,34 +299,22 @@ class QueueListView(APIView):
         queues = list(
             Queue.objects.filter(project__in=visible_projects(request.user))
             .select_related("project")
-            .prefetch_related("quotas__gpu_model")
             .order_by("project__name", "name")
         )
-        held, jobs = queue_usage(q.pk for q in queues)
-        results = []
-        for q in queues:
-            used = held.get(q.pk, {})
-            quota = {quota.gpu_model.slug: quota for quota in q.quotas.all()}
-            results.append(
-                {
-                    "project": q.project.name,
-                    "name": q.name,
-                    "priority": q.priority,
-                    "fairShareWeight": q.fair_share_weight,
-                    "cohort": q.cohort or None,
-                    "maxPendingJobs": q.max_pending_jobs,
-                    "gpus": [
-                        {
-                            "model": slug,
-                            "quota": quota[slug].gpus if slug in quota else 0,
-                            "borrowingLimit": quota[slug].borrowing_limit if slug in quota else None,
-                            "used": used.get(slug, 0),
-                        }
-                        for slug in sorted(set(quota) | set(used))
-                    ],
-                    "jobs": jobs.get(q.pk, {}),
-                }
-            )
+        gpus, jobs = queue_gpu_rows(q.pk for q in queues)
+        results = [
+            {
+                "project": q.project.name,
+                "name": q.name,
+                "priority": q.priority,
+                "fairShareWeight": q.fair_share_weight,
+                "cohort": q.cohort or None,
+                "maxPendingJobs": q.max_pending_jobs,
+                "gpus": [row | {"quota": row["quota"] or 0} for row in gpus[q.pk]],
+                "jobs": jobs.get(q.pk, {}),
+            }
+            for q in queues
+        ]
         return Response({"results": results})
 
 

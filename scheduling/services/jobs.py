@@ -30,7 +30,7 @@ from scheduling.choices import (
 )
 from scheduling.events import JobsSubmitted
 from scheduling.models import Job, JobEvent, Queue
-from scheduling.services.transitions import transition_job
+from scheduling.services.transitions import allowed_sources, transition_job
 from scheduling.wakeup import request_cycle
 
 
@@ -232,6 +232,16 @@ def explain_pending(job_id: int, reason: str, message: str) -> bool:
     return updated == 1
 
 
+# The states each user action applies to: the services below enforce them, and pages offer
+# only the actions a job's state allows.
+ACTION_SOURCES: dict[str, frozenset[str]] = {
+    "cancel": allowed_sources(JobState.CANCELLED),
+    "hold": frozenset({JobState.PENDING, JobState.SCHEDULED}),
+    "release": frozenset({JobState.HELD}),
+    "requeue": frozenset(ACTIVE_STATES),
+}
+
+
 def cancel_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
     """Cancel a job in any non-final state; its attempt ends and its GPUs are released."""
     return transition_job(job.pk, JobState.CANCELLED, actor=actor, message=message or _by(actor, "cancelled"))
@@ -247,7 +257,7 @@ def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> 
         actor=actor,
         reason=PendingReason.HELD,
         message=message or _by(actor, "held"),
-        only_from=[JobState.PENDING, JobState.SCHEDULED],
+        only_from=ACTION_SOURCES["hold"],
     )
 
 
@@ -259,7 +269,7 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
         actor=actor,
         reason=PendingReason.NONE,
         message=message or _by(actor, "released"),
-        only_from=[JobState.HELD],
+        only_from=ACTION_SOURCES["release"],
     )
 
 
@@ -272,7 +282,7 @@ def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
         actor=actor,
         reason=PendingReason.REQUEUED,
         message=message or _by(actor, "requeued"),
-        only_from=ACTIVE_STATES,
+        only_from=ACTION_SOURCES["requeue"],
     )
 
 

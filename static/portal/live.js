@@ -79,14 +79,8 @@ const Orrery = (() => {
     liveJobs("/ws/jobs/");
   }
 
-  const ACTIONS = {
-    cancel: ["PENDING", "HELD", "SCHEDULED", "STARTING", "RUNNING", "COMPLETING"],
-    hold: ["PENDING", "SCHEDULED"],
-    release: ["HELD"],
-    requeue: ["SCHEDULED", "STARTING", "RUNNING", "COMPLETING"],
-  };
-
   function jobPage(id) {
+    const ACTIONS = JSON.parse($("#action-sources").textContent);  // the server's own table
     const box = $("#job-actions");
     const allowed = [...box.querySelectorAll("button")].length > 0 || box.dataset.allowed === "1";
     box.dataset.allowed = allowed ? "1" : "0";
