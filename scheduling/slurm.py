@@ -19,10 +19,10 @@ from typing import Any
 
 from django.db import transaction
 
-from clusters.adapters.slurm import SlurmClient, SlurmError, decode_exit, job_state
+from clusters.adapters.slurm import SlurmClient, SlurmError, decode_exit, job_state, raw_job_state
 from clusters.choices import ClusterKind
 from clusters.models import Cluster
-from clusters.services.slurm import client_for, for_each_slurm_cluster
+from clusters.services.slurm import client_for
 from scheduling.agentwork import store_log
 from scheduling.choices import ACTIVE_STATES, JobState
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt
@@ -192,8 +192,7 @@ def _follow(attempt: JobAttempt, state: str, slurm_job: dict[str, Any], client: 
 
 def _past_time_limit(job: Job, slurm_job: dict[str, Any]) -> bool:
     """Still running (not completing, not suspended) past the job's limit."""
-    raw = slurm_job.get("job_state")
-    if (raw if isinstance(raw, str) else (raw or [""])[0]).upper() != "RUNNING":
+    if raw_job_state(slurm_job.get("job_state")) != "RUNNING":
         return False
     started = slurm_job.get("start_time") or 0
     return bool(job.time_limit_s and started and time.time() > started + job.time_limit_s)
@@ -236,8 +235,3 @@ def _copy_output(attempt: JobAttempt) -> None:
             "data": data.decode("utf-8", "replace"),
         },
     )
-
-
-def sync_all() -> int:
-    """Sync every Slurm cluster's jobs, disabled ones too: work already there must still finish."""
-    return for_each_slurm_cluster(sync_slurm, include_disabled=True)

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from clusters.choices import ClusterKind
 from scheduling.cycle import run_cycle
 from scheduling.scheduler import advance_simulated_jobs
 
@@ -18,9 +19,9 @@ def simulated_clusters_task() -> dict[str, int]:
 
 @shared_task(ignore_result=True)
 def dispatch_outbox_task() -> int:
-    from scheduling.agentwork import dispatch_outbox
+    from scheduling.adapters import ADAPTERS
 
-    return dispatch_outbox()
+    return ADAPTERS[ClusterKind.NATIVE].dispatch()
 
 
 @shared_task(ignore_result=True)
@@ -32,13 +33,15 @@ def sweep_lost_nodes_task() -> int:
 
 @shared_task(ignore_result=True)
 def slurm_dispatch_task() -> int:
-    from scheduling.slurm import dispatch_slurm
+    from scheduling.adapters import ADAPTERS
 
-    return dispatch_slurm()
+    return ADAPTERS[ClusterKind.SLURM].dispatch()
 
 
 @shared_task(ignore_result=True)
 def slurm_sync_task() -> int:
-    from scheduling.slurm import sync_all
+    """Poll every Slurm cluster, disabled ones too: work already there must still finish."""
+    from clusters.services.slurm import for_each_slurm_cluster
+    from scheduling.adapters import ADAPTERS
 
-    return sync_all()
+    return for_each_slurm_cluster(ADAPTERS[ClusterKind.SLURM].poll, include_disabled=True)

@@ -1,12 +1,16 @@
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rest_framework.test import APIClient
 
 from clusters.ingest.buffer import get_buffer
 from clusters.services.aggregation import forget_catalog
 from clusters.services.credentials import forget_cached_identities
+from portal.services.tokens import issue_token
 from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
 
 
@@ -20,6 +24,20 @@ def clean_pipeline():
     forget_catalog()
     yield
     get_buffer().clear()
+
+
+@pytest.fixture
+def api(db) -> Callable[..., APIClient]:
+    """``api(alice)`` is a client sending alice's bearer token; ``api()`` sends none."""
+
+    def make(user: Any = None) -> APIClient:
+        client = APIClient()
+        if user is not None:
+            _, plaintext = issue_token(user, name="tests")
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        return client
+
+    return make
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,8 @@ def free_port() -> int:
 def wait(condition, what: str, timeout: float = 30.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        close_old_connections()
+        if not connection.in_atomic_block:  # inside a test's transaction, the connection is it
+            close_old_connections()
         value = condition()
         if value:
             return value
@@ -93,3 +94,9 @@ def spawn_agent(
     argv += ["--fake-gpus", gpus, "--work-dir", str(work_dir), "--name", name, "--grace", "1", *extra]
     with open(f"{work_dir}.log", "a") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def squeue(job_id: str, fmt: str = "%T") -> str:
+    """What the dev Slurm cluster's ``squeue`` says of one job ("" once it is gone)."""
+    argv = ["squeue", "-h", "-j", job_id, "-o", fmt]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()

@@ -37,7 +37,7 @@ from tests.factories import (
     make_queue,
     make_user,
 )
-from tests.processes import spawn_agent
+from tests.processes import spawn_agent, squeue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,18 +133,11 @@ def slurm_world(slurm) -> Iterator[World]:
 
     def stopped(attempt: JobAttempt) -> bool:
         attempt.refresh_from_db()
-        state = _squeue(attempt.remote_id)
+        state = squeue(attempt.remote_id)
         return state in ("", "CANCELLED", "COMPLETED", "FAILED", "TIMEOUT")
 
     yield World(cluster, "a100-80g", runs_commands=True, stopped=stopped)
     subprocess.run(["scancel", "--user", "root"], capture_output=True, timeout=30)
-
-
-def _squeue(job_id: str) -> str:
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
-    )
-    return out.stdout.strip()
 
 
 @pytest.fixture(params=["simulated", "native", "slurm"])

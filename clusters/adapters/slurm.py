@@ -86,9 +86,14 @@ def node_state(
     return NODE_STATES[base], reason
 
 
-def job_state(state: str | list[str] | None) -> str:
+def raw_job_state(state: str | list[str] | None) -> str:
+    """Slurm's own job state, upper case (slurmrestd gives a string or a list of them)."""
     first = state if isinstance(state, str) else (state or ["PENDING"])[0]
-    return JOB_STATES.get((first or "PENDING").upper(), "FAILED")
+    return (first or "PENDING").upper()
+
+
+def job_state(state: str | list[str] | None) -> str:
+    return JOB_STATES.get(raw_job_state(state), "FAILED")
 
 
 def decode_exit(raw: int | None) -> tuple[int | None, int | None]:

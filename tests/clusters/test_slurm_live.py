@@ -6,7 +6,6 @@ Orrery chose; exit codes, cancel, time limits and holds; a killed slurmd; slurmr
 from __future__ import annotations
 
 import subprocess
-import time
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -14,20 +13,19 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSeen
 from clusters.services.aggregation import flush_heartbeats
 from clusters.services.lifecycle import run_node_lifecycle
 from clusters.services.slurm import collect, collect_all
-from portal.services.tokens import issue_token
 from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
 from scheduling.cycle import run_cycle
 from scheduling.models import Allocation, Job, JobAttempt
 from scheduling.slurm import dispatch_slurm, sync_slurm
 from tests.factories import ensure_catalog
+from tests.processes import squeue, wait
 
 pytestmark = pytest.mark.django_db
 
@@ -81,16 +79,7 @@ def test_onboarding_says_what_is_wrong(slurm, tmp_path, url, token, words):
 
 
 def test_a_node_drained_in_slurm_is_drained_in_orrery(slurm):
-    ensure_catalog()
-    call_command(
-        "add_cluster",
-        kind="slurm",
-        name="hpc",
-        url=slurm["ORRERY_SLURM_URL"],
-        token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
-        stdout=StringIO(),
-    )
-    cluster = Cluster.objects.get(name="hpc")
+    cluster = _onboard(slurm)
     scontrol = ["scontrol", "update", "nodename=n3"]
     subprocess.run([*scontrol, "state=drain", "reason=disk"], check=True, timeout=30)
     try:
@@ -119,33 +108,12 @@ def _onboard(slurm) -> Cluster:
     return cluster
 
 
-def _client(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user, name='tests')[1]}")
-    return client
-
-
-def _wait(condition, what, timeout=60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _squeue(job_id: str, fmt: str = "%T") -> str:
-    argv = ["squeue", "-h", "-j", job_id, "-o", fmt]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
-
-
-def test_operators_onboard_through_the_api(slurm, alice, operator, tmp_path):
+def test_operators_onboard_through_the_api(slurm, api, alice, operator, tmp_path):
     ensure_catalog()
     token = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
     body = {"name": "hpc", "kind": "slurm", "url": slurm["ORRERY_SLURM_URL"], "token": token}
-    assert _client(alice).post("/api/v1/clusters", body, format="json").status_code == 403
-    ops = _client(operator)
+    assert api(alice).post("/api/v1/clusters", body, format="json").status_code == 403
+    ops = api(operator)
     bad = [
         ({**body, "token": "not-a-jwt"}, "token", "could not use the token"),
         ({**body, "url": "http://127.0.0.1:9"}, "url", "cannot reach slurmrestd"),
@@ -186,9 +154,9 @@ def test_the_console_onboards_with_a_connection_test(slurm, client, operator):
     assert "slurmrestd answers (v0.0.38)" in tested.content.decode()
 
 
-def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, alice, queue):
+def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice, queue):
     cluster = _onboard(slurm)
-    api = _client(alice)
+    as_alice = api(alice)
 
     def submit(name: str, run: str, gpus: str = "a100:1", **spec) -> int:
         body = {
@@ -197,7 +165,7 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, alice, que
             "metadata": {"name": name, "project": "vision"},
             "spec": {"resources": {"gpus": gpus}, "run": run, "placement": {"clusters": ["hpc"]}, **spec},
         }
-        answer = api.post("/api/v1/jobs", body, format="json")
+        answer = as_alice.post("/api/v1/jobs", body, format="json")
         assert answer.status_code == 201, answer.content
         return answer.json()["id"]
 
@@ -211,33 +179,33 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, alice, que
 
     def state(job_id: int, *states: str) -> dict | None:
         sync_slurm(cluster)
-        job = api.get(f"/api/v1/jobs/{job_id}").json()
+        job = as_alice.get(f"/api/v1/jobs/{job_id}").json()
         return job if job["state"] in states else None
 
-    done = _wait(lambda: state(ok, "SUCCEEDED", "FAILED"), "the job to finish")
+    done = wait(lambda: state(ok, "SUCCEEDED", "FAILED"), "the job to finish", timeout=60)
     assert done["state"] == "SUCCEEDED"
     chosen = done["placement"]["nodes"][0]["node"]
     assert chosen == Allocation.objects.filter(job_id=ok, gpu__isnull=True).get().node.name
-    lines = _wait(lambda: api.get(f"/api/v1/jobs/{ok}/logs").json()["lines"], "its output")
+    lines = wait(lambda: as_alice.get(f"/api/v1/jobs/{ok}/logs").json()["lines"], "its output", timeout=60)
     assert f"on {chosen} gpus=0,1 job={ok}" in lines
-    failed = _wait(lambda: state(failing, "FAILED"), "exit 3")
+    failed = wait(lambda: state(failing, "FAILED"), "exit 3", timeout=60)
     assert failed["exitCode"] == 3
 
-    _wait(lambda: state(sleeper, "RUNNING"), "the sleeper to run")
+    wait(lambda: state(sleeper, "RUNNING"), "the sleeper to run", timeout=60)
     remote = JobAttempt.objects.get(job_id=sleeper).remote_id
-    assert api.post(f"/api/v1/jobs/{sleeper}/cancel").json()["state"] == "CANCELLED"
+    assert as_alice.post(f"/api/v1/jobs/{sleeper}/cancel").json()["state"] == "CANCELLED"
     sync_slurm(cluster)  # Orrery no longer runs it: cancelled in Slurm too
-    assert _squeue(remote) in ("", "CANCELLED", "COMPLETING")
+    assert squeue(remote) in ("", "CANCELLED", "COMPLETING")
 
-    timed_out = _wait(lambda: state(late, "TIMEOUT"), "the time limit", timeout=30)
+    timed_out = wait(lambda: state(late, "TIMEOUT"), "the time limit", timeout=30)
     assert "time limit of 4 s" in Job.objects.get(pk=late).events.order_by("-id").first().message
-    assert _squeue(JobAttempt.objects.get(job_id=late).remote_id) in ("", "CANCELLED", "COMPLETING")
+    assert squeue(JobAttempt.objects.get(job_id=late).remote_id) in ("", "CANCELLED", "COMPLETING")
     assert timed_out["exitCode"] is None
 
 
-def test_holds_in_orrery_and_in_slurm(slurm, alice, queue):
+def test_holds_in_orrery_and_in_slurm(slurm, api, alice, queue):
     cluster = _onboard(slurm)
-    api = _client(alice)
+    as_alice = api(alice)
     # Someone else's job fills n1 in Slurm, so the job Orrery places there waits in Slurm.
     blocker = subprocess.run(
         ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:a100:4", "-o", "/dev/null", "--wrap", "sleep 300"],
@@ -257,15 +225,15 @@ def test_holds_in_orrery_and_in_slurm(slurm, alice, queue):
             },
         }
         Node.objects.filter(cluster=cluster).exclude(name="n1").update(state=NodeState.CORDONED)
-        answer = api.post("/api/v1/jobs", body, format="json")
+        answer = as_alice.post("/api/v1/jobs", body, format="json")
         assert answer.status_code == 201, answer.content
         waits = answer.json()["id"]
-        held = api.post(
+        held = as_alice.post(
             "/api/v1/jobs", body | {"metadata": {"name": "held", "project": "vision"}}, format="json"
         )
         assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
         remote = JobAttempt.objects.get(job_id=waits).remote_id
-        _wait(lambda: _squeue(remote, "%r") == "Resources", "Slurm to keep it pending")
+        wait(lambda: squeue(remote, "%r") == "Resources", "Slurm to keep it pending", timeout=60)
         sync_slurm(cluster)
         assert Job.objects.get(pk=waits).reason_message == "pending in Slurm: waiting for resources in Slurm"
 
@@ -278,10 +246,10 @@ def test_holds_in_orrery_and_in_slurm(slurm, alice, queue):
 
         # A hold in Orrery on a job placed but not running gives the placement back, and the
         # Slurm job is withdrawn.
-        assert api.post(f"/api/v1/jobs/{waits}/hold").json()["state"] == "HELD"
+        assert as_alice.post(f"/api/v1/jobs/{waits}/hold").json()["state"] == "HELD"
         assert not Allocation.objects.filter(job_id=waits, active=True).exists()
         sync_slurm(cluster)
-        _wait(lambda: _squeue(remote) in ("", "CANCELLED"), "the Slurm job to be withdrawn")
+        wait(lambda: squeue(remote) in ("", "CANCELLED"), "the Slurm job to be withdrawn", timeout=60)
         assert held.status_code == 201
     finally:
         subprocess.run(["scancel", blocker], timeout=30)
@@ -293,7 +261,7 @@ def test_a_killed_slurmd_takes_its_node_down_then_it_returns(slurm):
     pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmd-n4.pid"
     subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
     try:
-        node = _wait(
+        node = wait(
             lambda: collect(cluster) and Node.objects.get(cluster=cluster, name="n4").state == NodeState.DOWN,
             "Slurm to call n4 down (SlurmdTimeout=20 s)",
             timeout=90,
@@ -303,7 +271,7 @@ def test_a_killed_slurmd_takes_its_node_down_then_it_returns(slurm):
         assert Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 3
     finally:
         subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
-    _wait(
+    wait(
         lambda: collect(cluster) and Node.objects.get(cluster=cluster, name="n4").state != NodeState.DOWN,
         "n4 to come back",
         timeout=60,
@@ -321,14 +289,16 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
         alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
     )
     assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
-    _wait(
-        lambda: sync_slurm(cluster) and Job.objects.get(pk=running.pk).state == JobState.RUNNING, "it to run"
+    wait(
+        lambda: sync_slurm(cluster) and Job.objects.get(pk=running.pk).state == JobState.RUNNING,
+        "it to run",
+        timeout=60,
     )
 
     pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmrestd.pid"
     subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
     try:
-        _wait(lambda: collect_all() == 0, "slurmrestd to stop answering", timeout=10)
+        wait(lambda: collect_all() == 0, "slurmrestd to stop answering", timeout=10)
         later = timezone.now() + timedelta(seconds=41)  # past NODE_GRACE with no word from Slurm
         run_node_lifecycle(now=later)
         cluster.refresh_from_db()

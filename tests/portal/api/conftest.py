@@ -6,15 +6,13 @@ and DRF counts throttled requests there, so every test starts and ends with an e
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.core.cache import cache
-from rest_framework.test import APIClient
 
-from portal.services.tokens import issue_token
 from tests.factories import make_cluster, make_job, make_node, make_project, make_queue
 
 VALID_SPEC: dict[str, Any] = {
@@ -63,20 +61,6 @@ def empty_cache() -> Iterator[None]:
     cache.clear()
     yield
     cache.clear()
-
-
-@pytest.fixture
-def api(db) -> Callable[..., APIClient]:
-    """``api(alice)`` is a client sending alice's bearer token; ``api()`` sends none."""
-
-    def make(user: Any = None) -> APIClient:
-        client = APIClient()
-        if user is not None:
-            _, plaintext = issue_token(user, name="tests")
-            client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
-        return client
-
-    return make
 
 
 @pytest.fixture
