@@ -33,6 +33,13 @@ def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:
     }
 
 
+def celery_worker_argv(env: dict[str, str], data_dir: Path) -> list[str]:
+    """A Celery worker with its beat, on the environment's own queue."""
+    argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool", "solo"]
+    schedule = str(data_dir / "beat-schedule")
+    return [*argv, "--loglevel", "WARNING", "-Q", env["ORRERY_CELERY_QUEUE"], "--schedule", schedule]
+
+
 class Service:
     """A real process of the control plane: the ASGI server (Daphne), gunicorn, or a Celery
     worker with its beat."""

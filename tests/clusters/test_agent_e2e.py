@@ -22,7 +22,7 @@ from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
 from scheduling.models import Allocation
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
-from tests.processes import Service, control_plane_env, free_port, spawn_agent, wait
+from tests.processes import Service, celery_worker_argv, control_plane_env, free_port, spawn_agent, wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,23 +55,7 @@ def plane(tmp_path):
         port,
     )
     worker = Service(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "portal",
-            "worker",
-            "--beat",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-            "-Q",
-            env["ORRERY_CELERY_QUEUE"],
-            "--schedule",
-            str(tmp_path / "beat-schedule"),
-        ],
+        celery_worker_argv(env, tmp_path),
         env,
         tmp_path / "celery.log",
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from django.db import connection
 from clusters.ingest.buffer import get_buffer
 from clusters.models import NodeLastSeen
 from tests.factories import make_cluster, make_node
-from tests.processes import control_plane_env
+from tests.processes import celery_worker_argv, control_plane_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,21 +45,7 @@ def test_worker_and_beat_flush_the_buffer(tmp_path):
     env = control_plane_env(tmp_path)
     assert connection.vendor == "postgresql", "make test runs on PostgreSQL"
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "portal",
-            "worker",
-            "--beat",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-            "--schedule",
-            str(tmp_path / "beat-schedule"),
-        ],
+        celery_worker_argv(env, tmp_path),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
