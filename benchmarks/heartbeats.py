@@ -349,8 +349,8 @@ def build_fleet(nodes: int, clusters: int, gpus: int) -> dict:
 
     from clusters.choices import ClusterKind, ClusterState, NodeState
     from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeCredential, NodeLastSeen
-    from clusters.secrets import new_secret
     from clusters.services.credentials import issue_cluster_credential
+    from foundation.secrets import new_secret
 
     models = list(GpuModel.objects.filter(slug__in=["h100-80g", "a100-80g", "l40s-48g", "h200-141g"]))
     now = timezone.now()

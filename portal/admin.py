@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from clusters.console import service_action
+from foundation.console import service_action
 from portal.models import ApiToken, Membership, Project
 from portal.services.tokens import issue_token, revoke_token
 from scheduling.models import Queue

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "django_prometheus",
+    "foundation",
     "clusters",
     "scheduling",
     "portal",

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from clusters.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
+from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict

@@ -34,13 +34,14 @@ from django.core.cache import cache as django_cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from clusters.live import publish_on_commit
-from clusters.performance import collector_paused
+from foundation.live import publish_on_commit
+from foundation.performance import collector_paused
+from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
 from scheduling.desired import forget_desired
 from scheduling.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
 from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
-from scheduling.models import Allocation, DispatchOutbox, JobAttempt, JobEvent, Queue, SchedulerState
+from scheduling.models import DispatchOutbox, Queue, SchedulerState
 from scheduling.policies import Profile, active_profile
 from scheduling.queue import JobClass
 from scheduling.wakeup import ring_dispatch
@@ -184,7 +185,7 @@ def _exclusive():
 
 
 def _advisory_lock() -> bool:
-    if connection.vendor != "postgresql":
+    if not is_postgresql():
         return True  # SQLite: one process, serialised by _exclusive and the write lock
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
@@ -400,8 +401,8 @@ def commit(
         return [], lost, []
     now = timezone.now()
     # Rows are built text-ready for COPY (one string per timestamp and attempt id, "t" for
-    # true, NULL as \N); ``_insert`` turns them back into values for SQLite.
-    at, yes, null = now.isoformat(), "t", NULL
+    # true, NULL as \N); ``bulk_insert`` turns them back into values for SQLite.
+    at, yes, null = now.isoformat(), TRUE, NULL
     attempts, allocations, events, outbox = [], [], [], []
     for d in placed:
         job = d.job
@@ -418,14 +419,14 @@ def commit(
             for i in choice.gpu_indices:
                 allocations.append((attempt, job.id, node_id, ids[i], 0, 0, yes, at))
             where.append(f"{snap.names[choice.row]}[{','.join(map(str, choice.gpu_indices))}]")
-        message = _escape(f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})")
+        message = copy_escape(f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})")
         events.append(
             (job.id, attempt, at, EventKind.TRANSITION, JobState.PENDING, JobState.SCHEDULED, "", message)
         )
         outbox.append(
             (attempt, cluster_id, DispatchOutbox.Kind.START, DispatchOutbox.State.PENDING, epoch, at, 0, "")
         )
-    _insert(
+    bulk_insert(
         "scheduling_jobattempt",
         [
             "id",
@@ -440,9 +441,8 @@ def commit(
             "created_at",
         ],
         attempts,
-        JobAttempt,
     )
-    _insert(
+    bulk_insert(
         "scheduling_allocation",
         [
             "attempt_id",
@@ -455,19 +455,16 @@ def commit(
             "allocated_at",
         ],
         allocations,
-        Allocation,
     )
-    _insert(
+    bulk_insert(
         "scheduling_jobevent",
         ["job_id", "attempt_id", "at", "kind", "from_state", "to_state", "reason", "message"],
         events,
-        JobEvent,
     )
-    _insert(
+    bulk_insert(
         "scheduling_dispatchoutbox",
         ["attempt_id", "cluster_id", "kind", "state", "epoch", "created_at", "tries", "last_error"],
         outbox,
-        DispatchOutbox,
     )
     placed_nodes = sorted({int(snap.node_id[c.row]) for d in placed for c in d.nodes})
     transaction.on_commit(lambda: forget_desired(placed_nodes))
@@ -486,7 +483,7 @@ def _claim(jobs: list[JobView]) -> set[int]:
     """Compare-and-set PENDING → SCHEDULED for all placed jobs at once; returns the winners."""
     ids = [j.id for j in jobs]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if is_postgresql():
             cursor.execute(
                 """
                 UPDATE scheduling_job j SET state = %s, version = j.version + 1, attempt_count = j.attempt_count + 1,
@@ -495,7 +492,7 @@ def _claim(jobs: list[JobView]) -> set[int]:
                 WHERE j.id = v.id AND j.state = %s
                 RETURNING j.id
                 """,
-                [JobState.SCHEDULED, "{" + ",".join(map(str, ids)) + "}", JobState.PENDING],
+                [JobState.SCHEDULED, pg_array(ids), JobState.PENDING],
             )
             return {row[0] for row in cursor.fetchall()}
         won = set()
@@ -508,41 +505,6 @@ def _claim(jobs: list[JobView]) -> set[int]:
             if cursor.rowcount == 1:
                 won.add(job_id)
         return won
-
-
-NULL = "\\N"
-
-
-def _insert(table: str, columns: list[str], rows: list[tuple], model: Any) -> None:
-    """Bulk-insert text-ready rows: ``COPY`` on PostgreSQL, ``executemany`` on SQLite."""
-    if not rows:
-        return
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # COPY in PostgreSQL's text format, built in one piece: an order of magnitude
-            # cheaper than INSERT, and than adapting rows one by one.
-            with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-                copy.write("".join("\t".join(map(str, row)) + "\n" for row in rows))
-        else:
-            placeholders = ", ".join(["%s"] * len(columns))
-            cursor.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})",
-                [tuple(_sqlite_value(v) for v in row) for row in rows],
-            )
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _sqlite_value(value: Any) -> Any:
-    if value == NULL:
-        return None
-    if value == "t":
-        return True
-    if isinstance(value, str) and len(value) == 36 and value.count("-") == 4:
-        return value.replace("-", "")  # Django stores UUIDs as 32 hex digits on SQLite
-    return value
 
 
 # --- 5. explain ------------------------------------------------------------------------------
@@ -577,13 +539,13 @@ def explain(cache: Any, blocked: list[Blocked]) -> None:
 
 def _set_reasons(ids: list[int], reason: str, message: str) -> None:
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if is_postgresql():
             cursor.execute(
                 """
                 UPDATE scheduling_job SET reason = %s, reason_message = %s
                 WHERE id = ANY(%s::bigint[]) AND state = %s AND (reason, reason_message) IS DISTINCT FROM (%s, %s)
                 """,
-                [reason, message, "{" + ",".join(map(str, ids)) + "}", JobState.PENDING, reason, message],
+                [reason, message, pg_array(ids), JobState.PENDING, reason, message],
             )
         else:
             for start in range(0, len(ids), 500):

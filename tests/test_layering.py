@@ -1,4 +1,4 @@
-"""Dependencies point one way: portal → scheduling → clusters (STYLE.md)."""
+"""Dependencies point one way: portal → scheduling → clusters → foundation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = {"clusters": {"scheduling", "portal"}, "scheduling": {"portal"}}
+FORBIDDEN = {
+    "foundation": {"clusters", "scheduling", "portal"},
+    "clusters": {"scheduling", "portal"},
+    "scheduling": {"portal"},
+}
 
 
 def imported_packages(path: Path) -> set[tuple[int, str]]:

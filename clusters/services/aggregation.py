@@ -26,10 +26,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -41,7 +39,8 @@ from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
 from clusters.models import GpuDevice, MetricPoint, Node, NodeEvent, NodeLastSeen
-from clusters.performance import collector_paused
+from foundation.performance import collector_paused
+from foundation.sql import is_postgresql, pg_array, pg_text_array
 
 log = logging.getLogger(__name__)
 _CATALOG_TTL_S = 30.0
@@ -53,16 +52,6 @@ class FlushResult:
     changed: int
     points: int
     seconds: float
-
-
-def _pg_array(values: Iterable[Any]) -> str:
-    """A PostgreSQL array literal, passed as one text parameter and cast in SQL: far cheaper
-    than adapting tens of thousands of values one by one on the client."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def _pg_text_array(values: Iterable[str]) -> str:
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 def _when(epoch: float) -> datetime:
@@ -95,10 +84,7 @@ def _write_last_seen(records: list[Record]) -> list[tuple[Record, bool, bool]]:
     """Upsert liveness rows; returns ``(record, node facts changed, GPU facts changed)`` for the
     nodes whose fingerprint changed. A record older than the stored one is skipped (two API
     hosts, one slow); a record for a deleted node is dropped."""
-    if connection.vendor == "postgresql":
-        changed = _write_last_seen_postgres(records)
-    else:
-        changed = _write_last_seen_portable(records)
+    changed = _write_last_seen_postgres(records) if is_postgresql() else _write_last_seen_portable(records)
     by_id = {r["n"]: r for r in records}
     return [(by_id[n], node_changed, gpus_changed) for n, node_changed, gpus_changed in changed]
 
@@ -109,11 +95,11 @@ def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bo
     # place (HOT: no indexed column changes). Nodes without a row yet — new ones — get an
     # INSERT, which is rare.
     params = [
-        _pg_array(r["n"] for r in records),
-        _pg_array(repr(r["t"]) for r in records),
-        _pg_text_array(r["b"] for r in records),
-        _pg_array(r["q"] for r in records),
-        _pg_text_array(r["fp"] for r in records),
+        pg_array(r["n"] for r in records),
+        pg_array(repr(r["t"]) for r in records),
+        pg_text_array(r["b"] for r in records),
+        pg_array(r["q"] for r in records),
+        pg_text_array(r["fp"] for r in records),
     ]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -189,12 +175,12 @@ def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
     gpu_nodes = [r["n"] for r, _, gpus_changed in changed if gpus_changed]
     unhealthy = [(r["n"], i, xid) for r, _, gpus_changed in changed if gpus_changed for i, xid in r["bad"]]
     with connection.cursor() as cursor:
-        for node_id, boot, agent in nodes if connection.vendor != "postgresql" else ():
+        for node_id, boot, agent in nodes if not is_postgresql() else ():
             cursor.execute(
                 "UPDATE clusters_node SET boot_id = %s, agent_version = %s WHERE id = %s",
                 [boot, agent, node_id],
             )
-        if nodes and connection.vendor == "postgresql":
+        if nodes and is_postgresql():
             cursor.execute(
                 """
                 UPDATE clusters_node n SET boot_id = v.boot_id, agent_version = v.agent_version
@@ -202,9 +188,9 @@ def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
                 WHERE n.id = v.id
                 """,
                 [
-                    _pg_array(n for n, _, _ in nodes),
-                    _pg_text_array(b for _, b, _ in nodes),
-                    _pg_text_array(a for _, _, a in nodes),
+                    pg_array(n for n, _, _ in nodes),
+                    pg_text_array(b for _, b, _ in nodes),
+                    pg_text_array(a for _, _, a in nodes),
                 ],
             )
     if gpu_nodes:
@@ -342,7 +328,7 @@ def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
     nodes = [(r["n"], _when(r["t"]), r["cpu"], r["mem"], r["pw"]) for r in records]
     gpus = [(r["n"], g[0], g[5], g[4], g[6], g[7], _when(r["t"])) for r in records for g in r["g"]]
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if is_postgresql():
             cursor.execute(
                 """
                 UPDATE clusters_node n SET last_heartbeat_at = v.at, cpu_load = v.cpu, memory_used_bytes = v.mem,

@@ -28,7 +28,7 @@ from clusters.models import (
     NodeCredential,
     NodeLastSeen,
 )
-from clusters.secrets import digest, new_secret
+from foundation.secrets import digest, new_secret
 
 JOIN_PREFIX, NODE_PREFIX, CLUSTER_PREFIX = "orj_", "orn_", "orc_"
 CACHE_TTL_S = 30.0

@@ -34,9 +34,9 @@ from django.utils.module_loading import import_string
 
 from clusters.choices import ClusterState, NodeState
 from clusters.events import NodesStateChanged
-from clusters.live import publish_on_commit
 from clusters.metrics import FAILOVER_PAUSED, NODE_TRANSITIONS
 from clusters.models import Cluster, Node, NodeEvent
+from foundation.live import publish_on_commit
 
 log = logging.getLogger(__name__)
 WATCHED = (NodeState.READY, NodeState.NOT_READY, NodeState.DOWN)

@@ -21,8 +21,8 @@ from django.utils.module_loading import import_string
 
 from clusters.choices import NodeState
 from clusters.events import NodeStateChanged
-from clusters.live import publish_on_commit
 from clusters.models import Node, NodeEvent, NodeLastSeen
+from foundation.live import publish_on_commit
 
 
 class NodeActionRefused(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from clusters.secrets import digest, new_secret
+from foundation.secrets import digest, new_secret
 from portal.models import ApiToken
 
 TOKEN_PREFIX = "orr_"

@@ -18,8 +18,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from clusters.live import publish_on_commit
 from clusters.models import GpuModel
+from foundation.live import publish_on_commit
 from scheduling.choices import (
     ACTIVE_STATES,
     WAITING_STATES,

@@ -32,8 +32,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters.live import publish_on_commit
 from clusters.services.nodes import settle_draining_nodes
+from foundation.live import publish_on_commit
 from scheduling.choices import (
     ACTIVE_STATES,
     ATTEMPT_STATE_FOR,

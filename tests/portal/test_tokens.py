@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters.secrets import digest
+from foundation.secrets import digest
 from portal.models import ApiToken
 from portal.services.tokens import authenticate_token, issue_token, revoke_token
 

@@ -1,0 +1,78 @@
+"""The SQL shapes the bulk writers share (the aggregation pass and the scheduling cycle).
+
+PostgreSQL gets set-based statements: arrays passed as one text literal and unnested in SQL,
+``COPY`` for inserts. SQLite (the embedded default, small fleets) gets plain ``executemany``.
+Callers branch on ``is_postgresql()`` only where the SQL itself differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+
+NULL = "\\N"  # NULL in COPY's text format
+TRUE = "t"
+
+
+def is_postgresql() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def pg_array(values: Iterable[Any]) -> str:
+    """A PostgreSQL array literal of numbers, passed as one text parameter and cast in SQL
+    (``%s::bigint[]``): far cheaper than adapting tens of thousands of values one by one."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def pg_text_array(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal of strings, quoted and escaped (``%s::text[]``)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def copy_escape(text: str) -> str:
+    """A string made safe for one field of COPY's text format."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def bulk_insert(table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert rows written in COPY's text form (``NULL`` for null, ``TRUE`` for true, UUIDs
+    with dashes): ``COPY`` on PostgreSQL, an order of magnitude cheaper than INSERT;
+    ``executemany`` on SQLite, with the values turned back."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        if is_postgresql():
+            with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                copy.write("".join("\t".join(map(str, row)) + "\n" for row in rows))
+        else:
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})",
+                [tuple(_sqlite_value(v) for v in row) for row in rows],
+            )
+
+
+def _sqlite_value(value: Any) -> Any:
+    if value == NULL:
+        return None
+    if value == TRUE:
+        return True
+    if isinstance(value, str) and len(value) == 36 and value.count("-") == 4:
+        return value.replace("-", "")  # Django stores UUIDs as 32 hex digits on SQLite
+    if isinstance(value, str) and "\\" in value:
+        return _unescape(value)
+    return value
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"t": "\t", "n": "\n", "r": "\r"}.get(text[i + 1], text[i + 1]))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
