@@ -9,7 +9,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from clusters.adapters.slurm import SlurmError
+from clusters.adapters.slurm.api import SlurmError
+from clusters.adapters.slurm.inventory import client_for
 from clusters.models import (
     Cluster,
     ClusterCredential,
@@ -25,7 +26,7 @@ from clusters.models import (
 )
 from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
-from clusters.services.slurm import client_for, onboard_slurm
+from clusters.services.onboarding import onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 
 _REFUSALS = (NodeActionRefused,)

@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from clusters.services.aggregation import flush_heartbeats, prune_metrics, sync_telemetry
+from clusters.services.inventory import take_inventories
 from clusters.services.lifecycle import run_node_lifecycle
 from clusters.services.nodes import settle_draining_nodes
 
@@ -34,7 +35,5 @@ def settle_draining_nodes_task() -> int:
 
 
 @shared_task(ignore_result=True)
-def collect_slurm_clusters_task() -> int:
-    from clusters.services.slurm import collect_all
-
-    return collect_all()
+def take_inventories_task() -> int:
+    return take_inventories()

@@ -158,12 +158,11 @@ _PERIODIC = {
     "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
     "scheduling-cycle": ("scheduling.tasks.scheduling_cycle_task", 1.0),
-    "simulated-clusters": ("scheduling.tasks.simulated_clusters_task", 1.0),
-    "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 2.0),
+    # every kind: deliver the outbox; sync polled clusters at their adapter's own interval
+    "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 1.0),
+    "sync-clusters": ("scheduling.tasks.sync_clusters_task", 1.0),
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
-    "collect-slurm": ("clusters.tasks.collect_slurm_clusters_task", 10.0),
-    "slurm-dispatch": ("scheduling.tasks.slurm_dispatch_task", 2.0),
-    "slurm-sync": ("scheduling.tasks.slurm_sync_task", 5.0),
+    "cluster-inventory": ("clusters.tasks.take_inventories_task", 10.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {
@@ -261,24 +260,18 @@ LOGGING = {
 }
 
 # --- Orrery -----------------------------------------------------------------------------------
-# Node lifecycle timers (seconds), DESIGN.md §2.
+# Node lifecycle timers (seconds): not ready after NODE_GRACE of silence, down (failover) after
+# NODE_FAILOVER_AFTER, ready again after NODE_RECOVERY of heartbeats on time.
 NODE_GRACE = int(os.environ.get("ORRERY_NODE_GRACE", 40))
 NODE_FAILOVER_AFTER = int(os.environ.get("ORRERY_NODE_FAILOVER_AFTER", 300))
 NODE_RECOVERY = int(os.environ.get("ORRERY_NODE_RECOVERY", 30))
-ORRERY_NODE_WORKLOAD = "scheduling.selectors.busy_node_ids"
 # The same periodic work on in-process timers in the embedded default (no broker, no beat).
 ORRERY_EMBEDDED_TASKS = [(task, every) for task, every in _PERIODIC.values()]
 # Flow control: a project's waiting (PENDING + HELD) jobs are capped; submissions past it get 429.
 ORRERY_MAX_WAITING_JOBS_PER_PROJECT = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_PER_PROJECT", 100_000))
 ORRERY_HEARTBEAT_INTERVAL = int(os.environ.get("ORRERY_HEARTBEAT_INTERVAL", 10))
 ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
-ORRERY_GPU_ALLOCATION = "scheduling.selectors.allocated_gpu_counts"
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
-# Called (after commit) with the ids of nodes that just went down: the job failover policy.
-ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "scheduling.agentwork.handle_node_lost")
-# The native cluster kind: what agents are told to run, and where their reports go.
-ORRERY_AGENT_DESIRED = "scheduling.agentwork.desired_for_node"
-ORRERY_AGENT_REPORTS = "scheduling.agentwork.apply_reports"
 
 # The scheduler (scheduling/policies.py documents the profile).
 # None: the default profile (scheduling.policies.DEFAULT_PROFILE); or a dict of the same shape.

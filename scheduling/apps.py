@@ -7,6 +7,17 @@ class SchedulingConfig(AppConfig):
 
     def ready(self) -> None:
         # A bad scheduler profile must stop the process at start-up, not at the first cycle.
+        from clusters.ports import register_ports
+        from scheduling.dispatch.agent import apply_reports, desired_for_node
         from scheduling.policies import active_profile
+        from scheduling.selectors import allocated_gpu_counts, busy_node_ids
+        from scheduling.services.failover import handle_node_lost
 
         active_profile()
+        register_ports(
+            node_workload=busy_node_ids,
+            gpu_allocation=allocated_gpu_counts,
+            node_lost=handle_node_lost,
+            agent_desired=desired_for_node,
+            agent_reports=apply_reports,
+        )

@@ -38,7 +38,7 @@ from foundation.live import publish_on_commit
 from foundation.performance import collector_paused
 from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
-from scheduling.desired import forget_desired
+from scheduling.dispatch.desired import forget_desired
 from scheduling.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
 from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import DispatchOutbox, Queue, SchedulerState

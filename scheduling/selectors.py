@@ -11,7 +11,7 @@ from django.db.models import Count, Q
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import GpuDevice, Node
 from scheduling.choices import ACTIVE_STATES, WAITING_STATES
-from scheduling.models import Allocation, Job, QueueQuota
+from scheduling.models import Allocation, Job, JobAttempt, JobLog, QueueQuota
 
 
 def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
@@ -153,3 +153,23 @@ def allocated_gpu_counts() -> dict[tuple[int, int], int]:
         .order_by()
     )
     return {(r["node__cluster_id"], r["gpu__model_id"]): r["n"] for r in rows}
+
+
+def log_tail(job_id: int, lines: int) -> tuple[list[str], bool]:
+    """The last ``lines`` lines of the job's latest attempt (all its nodes, by node name), and
+    whether anything before them was left out."""
+    attempt = (
+        JobAttempt.objects.filter(job_id=job_id).order_by("-number").values_list("pk", flat=True).first()
+    )
+    if attempt is None:
+        return [], False
+    chunks = list(
+        JobLog.objects.filter(attempt_id=attempt).order_by("node").values_list("node", "start", "text")
+    )
+    out: list[str] = []
+    truncated = False
+    for node, start, text in chunks:
+        truncated |= start > 0
+        prefix = f"[{node}] " if len(chunks) > 1 else ""
+        out += [prefix + line for line in text.splitlines()]
+    return out[-lines:], truncated or len(out) > lines

@@ -1,10 +1,13 @@
-"""Thin Celery tasks over the scheduler (beat schedule in settings)."""
+"""Thin Celery tasks over the scheduler and the dispatcher (beat schedule in settings)."""
 
 from celery import shared_task
 
-from clusters.choices import ClusterKind
+from clusters.adapters.base import AdapterError
+from clusters.models import Cluster
 from scheduling.cycle import run_cycle
-from scheduling.scheduler import advance_simulated_jobs
+from scheduling.dispatch.outbox import drain_outbox
+from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
+from scheduling.services.failover import sweep_lost_nodes
 
 
 @shared_task(ignore_result=True)
@@ -13,35 +16,26 @@ def scheduling_cycle_task() -> int:
 
 
 @shared_task(ignore_result=True)
-def simulated_clusters_task() -> dict[str, int]:
-    return advance_simulated_jobs()
+def dispatch_outbox_task() -> int:
+    return drain_outbox()
 
 
 @shared_task(ignore_result=True)
-def dispatch_outbox_task() -> int:
-    from scheduling.adapters import ADAPTERS
+def sync_clusters_task() -> int:
+    return sync_due_clusters()
 
-    return ADAPTERS[ClusterKind.NATIVE].dispatch()
+
+@shared_task(ignore_result=True)
+def sync_cluster_task(cluster_id: int) -> int:
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return 0
+    try:
+        return sync_cluster(cluster).moved
+    except AdapterError:
+        return 0  # the periodic pass logs it and tries again
 
 
 @shared_task(ignore_result=True)
 def sweep_lost_nodes_task() -> int:
-    from scheduling.agentwork import sweep_lost_nodes
-
     return sweep_lost_nodes()
-
-
-@shared_task(ignore_result=True)
-def slurm_dispatch_task() -> int:
-    from scheduling.adapters import ADAPTERS
-
-    return ADAPTERS[ClusterKind.SLURM].dispatch()
-
-
-@shared_task(ignore_result=True)
-def slurm_sync_task() -> int:
-    """Poll every Slurm cluster, disabled ones too: work already there must still finish."""
-    from clusters.services.slurm import for_each_slurm_cluster
-    from scheduling.adapters import ADAPTERS
-
-    return for_each_slurm_cluster(ADAPTERS[ClusterKind.SLURM].poll, include_disabled=True)

@@ -1,23 +1,36 @@
-"""Waking the scheduler early: a submission or freed capacity asks for a cycle now instead of
-at the next beat. Asks are debounced (one per second), and a cycle task that waits longer than
-a few seconds expires instead of running late: a late cycle never queues a second one."""
+"""Waking periodic work early: a submission or freed capacity asks for a scheduling cycle now
+instead of at the next beat, a placing cycle rings the dispatcher, and a polled cluster whose
+next change is due before the next beat asks to be synced then.
+
+Asks are debounced, and a woken task that waits longer than a few seconds expires instead of
+running late. This module is a leaf: it sends tasks by name, so nothing it wakes imports it
+back. In the embedded default (no broker) the in-process timers run every second anyway.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
 log = logging.getLogger(__name__)
 _KEY = "orrery:cycle-requested"
+CYCLE_TASK = "scheduling.tasks.scheduling_cycle_task"
+DISPATCH_TASK = "scheduling.tasks.dispatch_outbox_task"
+SYNC_TASK = "scheduling.tasks.sync_cluster_task"
+
+
+def _send(task: str, **options: Any) -> None:
+    current_app.send_task(task, **options)
 
 
 def request_cycle() -> None:
-    """After the current transaction commits, ask for a scheduling cycle. In the embedded
-    default the in-process timer runs a cycle every second anyway."""
+    """After the current transaction commits, ask for a scheduling cycle."""
     if settings.REDIS_URL:
         transaction.on_commit(_ask)
 
@@ -26,32 +39,28 @@ def _ask() -> None:
     """At most one cycle now per second, and one more at the end of that second for what
     arrived meanwhile (a trailing edge): capacity freed just after a cycle is not left idle
     until the next beat."""
-    from scheduling.tasks import scheduling_cycle_task
-
     try:
         if cache.add(_KEY, 1, timeout=1):
-            scheduling_cycle_task.apply_async(expires=5)
+            _send(CYCLE_TASK, expires=5)
         elif cache.add(f"{_KEY}:trailing", 1, timeout=1):
-            scheduling_cycle_task.apply_async(countdown=0.5, expires=5)
+            _send(CYCLE_TASK, countdown=0.5, expires=5)
     except Exception:  # the beat runs a cycle every second regardless
         log.warning("could not wake the scheduler early", exc_info=True)
 
 
-def wake_simulated(delay_s: float | None) -> None:
-    """Run the simulated clusters' pass again in ``delay_s`` (when a job there ends before the
-    next beat, or work was just placed there), so simulated jobs start when placed and end on
-    time instead of on the beat's one-second tick. One wake-up per 50 ms slot."""
+def wake_sync(cluster_id: int, delay_s: float | None) -> None:
+    """Sync a polled cluster again in ``delay_s`` (a simulated job ending before the next beat,
+    work just delivered), so its jobs are seen to start and end on time rather than on the
+    beat's tick. One wake-up per cluster per 50 ms slot."""
     if not settings.REDIS_URL or delay_s is None or delay_s >= 1.0:
         return
-    from scheduling.tasks import simulated_clusters_task
-
     delay_s = max(delay_s, 0.0) + 0.05  # never early: a job found not yet ended waits for the beat
     slot = int((time.time() + delay_s) * 20)
     try:
-        if cache.add(f"orrery:simulated-wake:{slot}", 1, timeout=2):
-            simulated_clusters_task.apply_async(countdown=delay_s, expires=5)
+        if cache.add(f"orrery:sync-wake:{cluster_id}:{slot}", 1, timeout=2):
+            _send(SYNC_TASK, args=[cluster_id], countdown=delay_s, expires=5)
     except Exception:
-        log.warning("could not wake the simulated clusters", exc_info=True)
+        log.warning("could not wake the sync of cluster %s", cluster_id, exc_info=True)
 
 
 def ring_dispatch() -> None:
@@ -62,11 +71,8 @@ def ring_dispatch() -> None:
 
 
 def _ring() -> None:
-    from scheduling.tasks import dispatch_outbox_task
-
     try:
         if cache.add("orrery:dispatch-requested", 1, timeout=1):
-            dispatch_outbox_task.apply_async(expires=10)
+            _send(DISPATCH_TASK, expires=10)
     except Exception:
         log.warning("could not ring the dispatcher", exc_info=True)
-    wake_simulated(0.0)

@@ -1,7 +1,9 @@
-"""One contract, every kind of cluster (scheduling/adapters.py): the same tests run on a
-simulated cluster, on a real ``orrery-agent`` process talking to a live server, and on a real
-Slurm (scripts/slurm-dev-cluster.sh). A world gives the cluster and what differs per kind:
-how a command is written, and how to see that work stopped on the cluster itself."""
+"""One contract, every kind of cluster (clusters/adapters/): the same tests run on a simulated
+cluster, on a real ``orrery-agent`` process talking to a live server, and on a real Slurm
+(scripts/slurm-dev-cluster.sh), through the kind-agnostic dispatcher (scheduling/dispatch/).
+A world gives the cluster and what differs per kind: how a command is written, and how to see
+that work stopped on the cluster itself. Adding a kind is one more ``*_world`` fixture and one
+more parameter of ``world``."""
 
 from __future__ import annotations
 
@@ -18,15 +20,20 @@ from typing import Any
 import pytest
 from django.db import close_old_connections
 
+from clusters.adapters.base import ClusterAdapter
+from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.choices import ClusterKind, NodeState
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.services.credentials import create_join_token
-from clusters.services.slurm import onboard_slurm
-from scheduling.adapters import ADAPTERS, ClusterAdapter, adapter_for
+from clusters.services.onboarding import onboard_slurm
 from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
 from scheduling.cycle import run_cycle
+from scheduling.dispatch.outbox import drain_outbox
+from scheduling.dispatch.sync import sync_cluster
+from scheduling.dispatch.works import load_works
 from scheduling.models import Job, JobAttempt
+from scheduling.selectors import log_tail
 from scheduling.services.jobs import cancel_job
 from tests.factories import (
     ensure_catalog,
@@ -57,7 +64,12 @@ class World:
 
     @property
     def adapter(self) -> ClusterAdapter:
-        return adapter_for(self.cluster)
+        return adapter_for(self.cluster.kind)
+
+    def sync(self) -> None:
+        """What the periodic pass does for this kind (agents push: nothing to ask)."""
+        if self.adapter.sync_every_s is not None:
+            sync_cluster(self.cluster)
 
     def job(self, command: str, *, exit_code: int = 0, seconds: float = 0) -> Job:
         return make_job(
@@ -74,7 +86,7 @@ class World:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             close_old_connections()
-            self.adapter.poll(self.cluster)
+            self.sync()
             fresh = Job.objects.get(pk=job.pk)
             if fresh.state in states:
                 return fresh
@@ -147,17 +159,22 @@ def world(request: pytest.FixtureRequest) -> World:
 
 def _place(world: World, *jobs: Job) -> None:
     assert run_cycle(SchedulerCache()).placed == len(jobs)
-    assert world.adapter.dispatch() >= len(jobs) or world.cluster.kind == ClusterKind.SIMULATED
+    assert drain_outbox() == len(jobs)
 
 
 def test_every_kind_has_an_adapter():
     assert set(ADAPTERS) == {ClusterKind.NATIVE, ClusterKind.SIMULATED, ClusterKind.SLURM}
+    for kind in ADAPTERS:
+        adapter = adapter_for(kind)
+        assert adapter.kind == kind and adapter.dispatch_batch >= 1
+        assert all(callable(getattr(adapter, op)) for op in ("inventory", "dispatch", "sync", "cancel"))
     with pytest.raises(LookupError, match="kubernetes"):
-        adapter_for(Cluster(kind=ClusterKind.KUBERNETES))
+        adapter_for(ClusterKind.KUBERNETES)
 
 
 def test_inventory_shows_the_nodes_and_their_gpu_models(world):
-    assert world.adapter.inventory(world.cluster) >= 1
+    seen = world.adapter.inventory(world.cluster)
+    assert seen.nodes >= 1 and seen.gpus >= 1
     models = set(GpuDevice.objects.filter(node__cluster=world.cluster).values_list("model__slug", flat=True))
     assert models == {world.model}
 
@@ -165,18 +182,37 @@ def test_inventory_shows_the_nodes_and_their_gpu_models(world):
 def test_a_job_runs_once_and_succeeds_with_its_output(world):
     job = world.job("echo contract-ok")
     _place(world, job)
-    assert world.adapter.dispatch() == 0  # delivered once; a second sweep finds nothing to do
+    assert drain_outbox() == 0  # delivered once; a second sweep finds nothing to do
     done = world.until(job, JobState.SUCCEEDED, JobState.FAILED)
     assert (done.state, done.exit_code) == (JobState.SUCCEEDED, 0)
     assert JobAttempt.objects.filter(job=job).count() == 1
     if world.runs_commands:
         end = time.monotonic() + 30
-        while "contract-ok" not in world.adapter.logs(job.pk, 10) and time.monotonic() < end:
-            world.adapter.poll(world.cluster)
+        while "contract-ok" not in log_tail(job.pk, 10)[0] and time.monotonic() < end:
+            world.sync()
             time.sleep(0.3)
-        assert "contract-ok" in world.adapter.logs(job.pk, 10)
+        assert "contract-ok" in log_tail(job.pk, 10)[0]
     else:
-        assert world.adapter.logs(job.pk, 10) == []
+        assert log_tail(job.pk, 10) == ([], False)
+
+
+def test_a_delivery_made_again_finds_what_it_created(world):
+    job = world.job("sleep 300", seconds=300)
+    assert run_cycle(SchedulerCache()).placed == 1
+    works = load_works(JobAttempt.objects.filter(job=job).values_list("pk", flat=True))
+    first = world.adapter.dispatch(world.cluster, works)
+    again = world.adapter.dispatch(world.cluster, works)  # a drain that died before recording
+    assert [s.error for s in first + again] == ["", ""]
+    assert first[0].remote_id == again[0].remote_id
+    if world.cluster.kind == ClusterKind.SLURM:
+        assert first[0].remote_id and squeue(first[0].remote_id) in ("PENDING", "RUNNING")
+        found = subprocess.run(
+            ["squeue", "-h", "-o", "%i", f"--name={works[0].attempt_id}"], capture_output=True, text=True
+        )
+        assert found.stdout.split() == [first[0].remote_id]  # one Slurm job, not two
+    cancel_job(Job.objects.get(pk=job.pk), actor=None)
+    drain_outbox()
+    world.sync()
 
 
 def test_an_exit_code_comes_back(world):
@@ -196,7 +232,7 @@ def test_a_cancelled_job_stops_on_the_cluster(world):
     end = time.monotonic() + 30
     while not world.stopped(JobAttempt.objects.get(pk=attempt.pk)):
         assert time.monotonic() < end, "the work kept running on the cluster"
-        world.adapter.poll(world.cluster)
+        world.sync()
         time.sleep(0.3)
-    world.adapter.poll(world.cluster)
+    world.sync()
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED  # nothing moved it back

@@ -1,0 +1,1 @@
+"""Cluster adapters: one interface (``base``), one module per kind, a lazy registry."""

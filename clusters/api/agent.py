@@ -16,10 +16,10 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from clusters import ports
 from clusters.choices import ClusterKind
 from clusters.ingest.buffer import get_buffer
 from clusters.ingest.records import ReportError, node_name, parse_report
@@ -206,7 +206,7 @@ def _desired(identity: NodeIdentity) -> list[dict[str, Any]]:
     told; collectors' clusters run work their own way."""
     if identity.cluster_kind != ClusterKind.NATIVE:
         return []
-    return import_string(settings.ORRERY_AGENT_DESIRED)(identity.node_id)
+    return ports.agent_desired()(identity.node_id)
 
 
 def attempts(body: Any, bearer: str) -> Answer:
@@ -243,7 +243,7 @@ def attempts(body: Any, bearer: str) -> Answer:
             and len(item["data"]) <= 1 << 20
         ):
             raise ReportError(f"logs[{i}]", "needs an attempt id, a byte offset and at most 1 MiB of text")
-    counts = import_string(settings.ORRERY_AGENT_REPORTS)(identity.node_id, reports, logs)
+    counts = ports.agent_reports()(identity.node_id, reports, logs)
     return 200, counts
 
 

@@ -33,8 +33,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
+from clusters import ports
 from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
@@ -227,7 +227,7 @@ def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], int 
 
 class _Catalog:
     """Per process, refreshed every 30 s: which model each GPU is, how many GPUs of each model a
-    cluster has, and how many are allocated (asked of ``ORRERY_GPU_ALLOCATION``, since what
+    cluster has, and how many are allocated (asked of the ``gpu_allocation`` port, since what
     holds a GPU is the scheduling app's business)."""
 
     def __init__(self) -> None:
@@ -252,7 +252,7 @@ class _Catalog:
                         n=Count("id")
                     )
                 }
-                self.allocated = import_string(settings.ORRERY_GPU_ALLOCATION)()
+                self.allocated = ports.gpu_allocation()()
                 self._at = time.monotonic()
         return self
 

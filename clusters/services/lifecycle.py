@@ -30,8 +30,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
+from clusters import ports
 from clusters.choices import ClusterState, NodeState
 from clusters.events import NodesStateChanged
 from clusters.metrics import FAILOVER_PAUSED, NODE_TRANSITIONS
@@ -126,9 +126,9 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
             f"heartbeats on time for {settings.NODE_RECOVERY}s",
         )
         _update_clusters(totals, silent)
-        if result.down and settings.ORRERY_NODE_LOST_HANDLER:
+        if result.down:
             lost = list(result.down)
-            handler = import_string(settings.ORRERY_NODE_LOST_HANDLER)
+            handler = ports.node_lost()
             transaction.on_commit(lambda: handler(lost))
     return result
 

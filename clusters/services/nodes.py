@@ -4,8 +4,8 @@ Every change is a compare-and-set ``UPDATE … WHERE state IN (allowed)`` plus a
 same transaction, and a live event after commit.
 
 A drained node is one that is draining *and* holds no work. What holds work is the scheduling
-app's business, which this app must not import: it asks the callable named by the setting
-``ORRERY_NODE_WORKLOAD`` (``busy_node_ids(node_ids) -> set[int]``), resolved lazily.
+app's business, which this app must not import: it asks the ``node_workload`` port
+(``clusters.ports``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
+from clusters import ports
 from clusters.choices import NodeState
 from clusters.events import NodeStateChanged
 from clusters.models import Node, NodeEvent, NodeLastSeen
@@ -30,7 +30,7 @@ class NodeActionRefused(Exception):
 
 
 def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
-    return set(import_string(settings.ORRERY_NODE_WORKLOAD)(list(node_ids)))
+    return set(ports.node_workload()(list(node_ids)))
 
 
 def set_node_state(

@@ -25,11 +25,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusters.adapters.slurm import SlurmError
+from clusters.adapters.slurm.api import SlurmError
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from clusters.selectors import resolve_gpu_model
-from clusters.services.slurm import onboard_slurm
+from clusters.services.onboarding import onboard_slurm
 from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
 from portal.api.errors import InputError
 from portal.api.filters import JOB_FILTERS, filter_jobs
@@ -49,9 +49,8 @@ from portal.api.serializers import (
 from portal.api.throttles import ReadThrottle, SubmitThrottle
 from portal.models import ApiToken, Membership
 from portal.services.tokens import issue_token, revoke_token
-from scheduling.agentwork import log_tail
 from scheduling.models import Allocation, Job, JobAttempt, Queue
-from scheduling.selectors import fleet_capacity, queue_gpu_rows
+from scheduling.selectors import fleet_capacity, log_tail, queue_gpu_rows
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
 from scheduling.services.submission import build_requests
 from scheduling.spec import SpecError, parse_job_spec

@@ -43,7 +43,7 @@ from scheduling.choices import (
     JobState,
     PendingReason,
 )
-from scheduling.desired import forget_desired
+from scheduling.dispatch.desired import forget_desired
 from scheduling.events import JobsChanged, JobStateChanged, job_groups
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent
 from scheduling.wakeup import request_cycle

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from clusters.choices import ClusterState, NodeState
 from clusters.models import Cluster, Node, NodeEvent, NodeLastSeen
+from clusters.ports import ports_replaced
 from clusters.services.lifecycle import run_node_lifecycle
 from tests.factories import make_cluster, make_node
 
@@ -51,11 +52,10 @@ def test_longer_silence_makes_it_down_and_calls_the_failover_handler(
     nodes, settings, django_capture_on_commit_callbacks
 ):
     lost = []
-    settings.ORRERY_NODE_LOST_HANDLER = "tests.clusters.test_lifecycle.record_lost"
     record_lost.calls = lost
     seen(nodes[0], T0 - timedelta(minutes=10))
     run_node_lifecycle(T0)  # → not_ready
-    with django_capture_on_commit_callbacks(execute=True):
+    with ports_replaced(node_lost=record_lost), django_capture_on_commit_callbacks(execute=True):
         result = run_node_lifecycle(T0)
     assert result.down == [nodes[0].pk] and state(nodes[0]) == NodeState.DOWN
     assert lost == [[nodes[0].pk]]

@@ -14,16 +14,18 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from clusters.adapters.slurm.inventory import collect
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSeen
 from clusters.services.aggregation import flush_heartbeats
+from clusters.services.inventory import take_inventories
 from clusters.services.lifecycle import run_node_lifecycle
-from clusters.services.slurm import collect, collect_all
 from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
 from scheduling.cycle import run_cycle
+from scheduling.dispatch.outbox import drain_outbox
+from scheduling.dispatch.sync import sync_cluster
 from scheduling.models import Allocation, Job, JobAttempt
-from scheduling.slurm import dispatch_slurm, sync_slurm
 from tests.factories import ensure_catalog
 from tests.processes import squeue, wait
 
@@ -174,11 +176,11 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice
     sleeper = submit("sleeper", "sleep 120")
     late = submit("late", "sleep 120", timeLimit="0:04")
     assert run_cycle(SchedulerCache()).placed == 4
-    assert dispatch_slurm() == 4
-    assert dispatch_slurm() == 0  # idempotent
+    assert drain_outbox() == 4
+    assert drain_outbox() == 0  # idempotent
 
     def state(job_id: int, *states: str) -> dict | None:
-        sync_slurm(cluster)
+        sync_cluster(cluster)
         job = as_alice.get(f"/api/v1/jobs/{job_id}").json()
         return job if job["state"] in states else None
 
@@ -194,7 +196,7 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice
     wait(lambda: state(sleeper, "RUNNING"), "the sleeper to run", timeout=60)
     remote = JobAttempt.objects.get(job_id=sleeper).remote_id
     assert as_alice.post(f"/api/v1/jobs/{sleeper}/cancel").json()["state"] == "CANCELLED"
-    sync_slurm(cluster)  # Orrery no longer runs it: cancelled in Slurm too
+    sync_cluster(cluster)  # Orrery no longer runs it: cancelled in Slurm too
     assert squeue(remote) in ("", "CANCELLED", "COMPLETING")
 
     timed_out = wait(lambda: state(late, "TIMEOUT"), "the time limit", timeout=30)
@@ -231,24 +233,24 @@ def test_holds_in_orrery_and_in_slurm(slurm, api, alice, queue):
         held = as_alice.post(
             "/api/v1/jobs", body | {"metadata": {"name": "held", "project": "vision"}}, format="json"
         )
-        assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
+        assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
         remote = JobAttempt.objects.get(job_id=waits).remote_id
         wait(lambda: squeue(remote, "%r") == "Resources", "Slurm to keep it pending", timeout=60)
-        sync_slurm(cluster)
+        sync_cluster(cluster)
         assert Job.objects.get(pk=waits).reason_message == "pending in Slurm: waiting for resources in Slurm"
 
         subprocess.run(["scontrol", "hold", remote], check=True, timeout=30)
-        sync_slurm(cluster)
+        sync_cluster(cluster)
         assert "held by a Slurm administrator" in Job.objects.get(pk=waits).reason_message
         subprocess.run(["scontrol", "release", remote], check=True, timeout=30)
-        sync_slurm(cluster)
+        sync_cluster(cluster)
         assert Job.objects.get(pk=waits).state == JobState.SCHEDULED
 
         # A hold in Orrery on a job placed but not running gives the placement back, and the
         # Slurm job is withdrawn.
         assert as_alice.post(f"/api/v1/jobs/{waits}/hold").json()["state"] == "HELD"
         assert not Allocation.objects.filter(job_id=waits, active=True).exists()
-        sync_slurm(cluster)
+        sync_cluster(cluster)
         wait(lambda: squeue(remote) in ("", "CANCELLED"), "the Slurm job to be withdrawn", timeout=60)
         assert held.status_code == 201
     finally:
@@ -283,14 +285,14 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     from tests.factories import make_job
 
     cluster = _onboard(slurm)
-    collect_all()
+    take_inventories()
     flush_heartbeats()
     running = make_job(
         alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
     )
-    assert run_cycle(SchedulerCache()).placed == 1 and dispatch_slurm() == 1
+    assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
     wait(
-        lambda: sync_slurm(cluster) and Job.objects.get(pk=running.pk).state == JobState.RUNNING,
+        lambda: sync_cluster(cluster) and Job.objects.get(pk=running.pk).state == JobState.RUNNING,
         "it to run",
         timeout=60,
     )
@@ -298,7 +300,7 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmrestd.pid"
     subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
     try:
-        wait(lambda: collect_all() == 0, "slurmrestd to stop answering", timeout=10)
+        wait(lambda: take_inventories() == 0, "slurmrestd to stop answering", timeout=10)
         later = timezone.now() + timedelta(seconds=41)  # past NODE_GRACE with no word from Slurm
         run_node_lifecycle(now=later)
         cluster.refresh_from_db()
@@ -310,12 +312,12 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
         assert Job.objects.get(pk=running.pk).state == JobState.RUNNING  # running work is left alone
     finally:
         subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
-    assert collect_all() == 1
+    assert take_inventories() == 1
     flush_heartbeats()
     run_node_lifecycle(now=timezone.now() + timedelta(seconds=31))  # NODE_RECOVERY of good reports
     cluster.refresh_from_db()
     assert cluster.state == ClusterState.READY
-    sync_slurm(cluster)
+    sync_cluster(cluster)
     assert Job.objects.get(pk=running.pk).state == JobState.RUNNING
     assert run_cycle(SchedulerCache()).placed == 1  # placements resume
     assert Job.objects.get(pk=waiting.pk).state == JobState.SCHEDULED

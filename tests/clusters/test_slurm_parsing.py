@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from clusters.adapters.slurm import decode_exit, job_state, node_state, parse_gres, parse_nodes
+from clusters.adapters.base import Phase, Share, Work
+from clusters.adapters.slurm.adapter import remote_state, sbatch_argv
+from clusters.adapters.slurm.api import decode_exit, job_state, node_state, parse_gres, parse_nodes
 from clusters.choices import NodeState
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -107,7 +109,7 @@ def test_an_answer_that_is_not_slurmrestd_json_is_a_clear_error():
     import http.server
     import threading
 
-    from clusters.adapters.slurm import SlurmClient, SlurmError
+    from clusters.adapters.slurm.api import SlurmClient, SlurmError
 
     class Html(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # a catch-all web app: 200 with HTML on every path
@@ -134,10 +136,68 @@ def test_an_answer_that_is_not_slurmrestd_json_is_a_clear_error():
 )
 def test_only_a_running_job_can_pass_its_time_limit(state, expected):
     import time
-    from types import SimpleNamespace
 
-    from scheduling.slurm import _past_time_limit
+    from scheduling.dispatch.remote import past_time_limit
 
-    job = SimpleNamespace(time_limit_s=60)
-    assert _past_time_limit(job, {"job_state": state, "start_time": time.time() - 61}) is expected
-    assert _past_time_limit(job, {"job_state": state, "start_time": time.time() - 59}) is False
+    ran_61 = remote_state("a", {"job_state": state, "start_time": time.time() - 61, "job_id": 9})
+    ran_59 = remote_state("a", {"job_state": state, "start_time": time.time() - 59, "job_id": 9})
+    assert past_time_limit(ran_61, 60) is expected
+    assert past_time_limit(ran_59, 60) is False
+
+
+@pytest.mark.parametrize(
+    ("job", "phase", "exit_code", "message"),
+    [
+        ({"job_state": "COMPLETED", "exit_code": 0}, Phase.SUCCEEDED, 0, "succeeded in Slurm (SUCCEEDED)"),
+        (
+            {"job_state": "FAILED", "exit_code": 3 << 8, "state_reason": "NonZeroExitCode"},
+            Phase.FAILED,
+            3,
+            "failed in Slurm (NonZeroExitCode, exit code 3)",
+        ),
+        (
+            {"job_state": "CANCELLED", "exit_code": 15},
+            Phase.CANCELLED,
+            None,
+            "cancelled in Slurm (signal 15)",
+        ),
+        (
+            {"job_state": "PENDING", "state_reason": "Resources"},
+            Phase.QUEUED,
+            None,
+            "pending in Slurm: waiting for resources in Slurm",
+        ),
+        ({"job_state": "PENDING", "state_reason": "None"}, Phase.QUEUED, None, ""),
+        (
+            {"job_state": "REQUEUE_HOLD", "state_reason": "JobHeldAdmin"},
+            Phase.HELD,
+            None,
+            "pending in Slurm: held by a Slurm administrator (scontrol release)",
+        ),
+        ({"job_state": "COMPLETING", "nodes": "n1"}, Phase.RUNNING, None, "running on n1"),
+        ({"job_state": "BOOT_FAIL"}, Phase.FAILED, None, "failed in Slurm (FAILED)"),
+    ],
+)
+def test_slurm_jobs_in_neutral_terms(job, phase, exit_code, message):
+    state = remote_state("a", {"job_id": 7, **job})
+    assert (state.phase, state.exit_code, state.message, state.remote_id) == (phase, exit_code, message, "7")
+
+
+def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
+    work = Work(
+        attempt_id="0b7c",
+        job_id=5,
+        number=2,
+        epoch=9,
+        script="cd /w && python train.py",
+        env={"LR": "0.1"},
+        shares=(Share(1, "n1", (0, 1)), Share(2, "n2", (2, 3))),
+        time_limit_s=61,
+    )
+    argv = sbatch_argv(work, "a100")
+    assert argv[:3] == ["sbatch", "--parsable", "--job-name=0b7c"]
+    assert "--nodelist=n1,n2" in argv and "--nodes=2" in argv and "--no-requeue" in argv
+    assert "--gres=gpu:a100:2" in argv and "--time=2" in argv
+    assert argv[-2:] == ["--wrap", "cd /w && python train.py"]
+    export = next(a for a in argv if a.startswith("--export="))
+    assert "ORRERY_ATTEMPT=2" in export and "ORRERY_NNODES=2" in export and "LR=0.1" in export

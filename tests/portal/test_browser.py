@@ -20,8 +20,8 @@ from clusters.models import Node
 from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
 from scheduling.cycle import run_cycle
+from scheduling.dispatch.outbox import drain_outbox
 from scheduling.models import Job
-from scheduling.scheduler import advance_simulated_jobs
 from tests.factories import (
     ensure_catalog,
     make_cluster,
@@ -127,7 +127,7 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     page.evaluate("window.loadedOnce = true")
     assert run_cycle(SchedulerCache()).placed == 1
     page.wait_for_function("document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=10_000)
-    advance_simulated_jobs()
+    drain_outbox()
     page.wait_for_function("document.querySelector('#job-state').textContent === 'RUNNING'", timeout=10_000)
     assert page.evaluate("window.loadedOnce") is True  # the same document all along
     page.wait_for_selector("#placement dt")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections
@@ -13,7 +12,6 @@ from scheduling.cache import SchedulerCache
 from scheduling.choices import EventKind, JobState, PendingReason
 from scheduling.cycle import LOCK_KEY, run_cycle
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
-from scheduling.scheduler import advance_simulated_jobs
 from scheduling.services.jobs import cancel_job
 from tests.factories import gpu_model, make_cluster, make_job, make_node, make_queue
 
@@ -142,7 +140,7 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
     def crash(*args, **kwargs):
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(cycle_module, "_insert", crash)
+    monkeypatch.setattr(cycle_module, "bulk_insert", crash)
     with pytest.raises(RuntimeError):
         run_cycle(cache)
     job.refresh_from_db()
@@ -196,45 +194,6 @@ def test_a_second_concurrent_cycle_writes_nothing(alice, queue, fleet):
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     assert not JobAttempt.objects.exists()
     assert run_cycle(SchedulerCache()).placed == 1  # the lock died with the other transaction
-
-
-def test_simulated_jobs_end_on_time_not_on_the_next_beat(alice, queue, fleet, settings, monkeypatch):
-    from django.core.cache import cache
-
-    from scheduling import tasks
-
-    settings.REDIS_URL = "redis://wake-ups-only"  # wake-ups are a Celery feature
-    cache.clear()
-    asked: list[float] = []
-    monkeypatch.setattr(
-        tasks.simulated_clusters_task, "apply_async", lambda countdown, expires: asked.append(countdown)
-    )
-    soon = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 0.4, "exitCode": 0}})
-    run_cycle(SchedulerCache())
-    assert advance_simulated_jobs()["started"] == 1
-    assert len(asked) == 1 and 0.3 < asked[0] <= 0.5  # at its end, not at the beat a second later
-    time.sleep(asked[0])
-    assert advance_simulated_jobs()["finished"] == 1
-    assert Job.objects.get(pk=soon.pk).state == JobState.SUCCEEDED
-    make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 30, "exitCode": 0}})
-    run_cycle(SchedulerCache())
-    asked.clear()
-    advance_simulated_jobs()
-    assert asked == []  # ends after the next beat: the beat will see it
-
-
-def test_simulated_clusters_run_what_is_placed_on_them(alice, queue, fleet):
-    job = make_job(alice, queue, gpus=2, spec={"sim": {"durationSeconds": 0, "exitCode": 0}})
-    failing = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 0, "exitCode": 3}})
-    run_cycle(SchedulerCache())
-    assert advance_simulated_jobs() == {"started": 2, "finished": 1, "failed": 1}  # zero-second jobs
-    assert advance_simulated_jobs() == {"started": 0, "finished": 0, "failed": 0}
-    job.refresh_from_db()
-    failing.refresh_from_db()
-    assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
-    assert (failing.state, failing.exit_code) == (JobState.FAILED, 3)
-    assert not Allocation.objects.filter(active=True).exists()
-    assert DispatchOutbox.objects.filter(state="sent").count() == 2
 
 
 def test_a_large_class_is_told_why_in_slices(alice, queue, fleet, settings):
@@ -368,34 +327,3 @@ def test_two_processes_caches_stay_right_when_a_job_moves(alice, queue, fleet):
     assert len(placed) == 2
     held = list(Allocation.objects.filter(active=True, gpu__isnull=False).values_list("gpu_id", flat=True))
     assert len(held) == len(set(held)) == 24
-
-
-def test_log_chunks_are_bytes_and_a_resend_keeps_only_what_is_new(alice, queue, fleet):
-    from scheduling.agentwork import log_tail, store_log
-
-    job = submit(alice, queue, gpus=1)
-    run_cycle(SchedulerCache())
-    attempt = str(JobAttempt.objects.get(job=job).pk)
-    node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
-    first = "épοch 1 ✓\n"
-    store_log(node, {"attempt": attempt, "offset": 0, "data": first})
-    # the agent missed our answer and sends from the same offset, with more output
-    store_log(node, {"attempt": attempt, "offset": 0, "data": first + "épοch 2 ✓\n"})
-    store_log(node, {"attempt": attempt, "offset": len(first.encode()), "data": "épοch 2 ✓\n"})
-    assert log_tail(job.pk, 10) == (["épοch 1 ✓", "épοch 2 ✓"], False)
-
-
-def test_the_failover_sweep_decides_jobs_left_on_a_down_node(alice, queue, fleet):
-    from clusters.choices import NodeState
-    from scheduling.agentwork import sweep_lost_nodes
-
-    job = submit(alice, queue, gpus=1)
-    run_cycle(SchedulerCache())
-    node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
-    from clusters.models import Node
-
-    Node.objects.filter(pk=node).update(state=NodeState.DOWN)  # the on-commit handler never ran
-    assert sweep_lost_nodes() == 1
-    refreshed = Job.objects.get(pk=job.pk)
-    assert (refreshed.state, refreshed.reason) == (JobState.HELD, PendingReason.NODE_LOST)
-    assert sweep_lost_nodes() == 0

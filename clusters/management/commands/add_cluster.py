@@ -2,8 +2,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from clusters.adapters.slurm import SlurmError
-from clusters.services.slurm import onboard_slurm
+from clusters.adapters.slurm.api import SlurmError
+from clusters.services.onboarding import onboard_slurm
 
 
 class Command(BaseCommand):

@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from clusters.adapters.base import AdapterError
 from clusters.choices import NodeState
 
 VERSIONS = ("v0.0.38", "v0.0.37", "v0.0.36")
@@ -137,7 +138,7 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
     return nodes
 
 
-class SlurmError(Exception):
+class SlurmError(AdapterError):
     """What is wrong, in words an operator can act on; ``field`` names the onboarding setting
     at fault (``url`` or ``token``), when one is."""
 

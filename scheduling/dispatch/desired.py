@@ -1,5 +1,5 @@
-"""The per-node cache of what a node's agent should be running (see ``scheduling.agentwork``).
-Dropped after every placement and release on a node, so the next heartbeat reads it afresh."""
+"""The per-node cache of what a node's agent should be running (``dispatch.agent``). Dropped
+after every placement, delivery and release on a node, so the next heartbeat reads it afresh."""
 
 from __future__ import annotations
 

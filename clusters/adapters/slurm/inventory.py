@@ -1,33 +1,23 @@
-"""Slurm clusters as members of the fleet: onboarding with a connection test, and the
-collector that keeps their nodes and GPUs current through the ordinary heartbeat pipeline."""
+"""A Slurm cluster's inventory: the collector that keeps its nodes and GPUs current through the
+ordinary heartbeat pipeline, and the client built from the cluster's stored settings."""
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.db import transaction
 
-from clusters.adapters.slurm import SlurmClient, SlurmError, SlurmNode
-from clusters.choices import OPERATOR_NODE_STATES, ClusterKind, ClusterState, NodeState
+from clusters.adapters.base import Inventory
+from clusters.adapters.slurm.api import SlurmClient, SlurmNode
+from clusters.choices import OPERATOR_NODE_STATES, NodeState
 from clusters.ingest.buffer import get_buffer
 from clusters.models import Cluster, ClusterSecret, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
 from clusters.services.nodes import set_node_state
 
-log = logging.getLogger(__name__)
 _BOOT = uuid.uuid4().hex  # one "boot" per collector process: its sequence numbers start afresh
-
-
-@dataclass(frozen=True)
-class Collected:
-    nodes: int
-    gpus: int
-    unknown_gpu_types: tuple[str, ...]
 
 
 def client_for(cluster: Cluster) -> SlurmClient:
@@ -37,31 +27,7 @@ def client_for(cluster: Cluster) -> SlurmClient:
     )
 
 
-@transaction.atomic
-def onboard_slurm(
-    name: str, url: str, token: str, *, user: str = "root", slurm_conf: str = ""
-) -> tuple[Cluster, Collected]:
-    """Test the connection, then add (or update) the cluster and read its nodes. Raises
-    ``SlurmError`` saying what is wrong; nothing is created then."""
-    other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
-    if other:
-        raise SlurmError(f"a {other[0]} cluster is already named {name!r}", "name")
-    client = SlurmClient(url, token, user)
-    version = client.connect()
-    config = {"url": url, "user": user, "api": version} | ({"slurm_conf": slurm_conf} if slurm_conf else {})
-    cluster, _ = Cluster.objects.update_or_create(
-        name=name, defaults={"kind": ClusterKind.SLURM, "config": config}
-    )
-    ClusterSecret.objects.update_or_create(cluster=cluster, defaults={"data": {"token": token}})
-    collected = collect(cluster, client)
-    if cluster.state == ClusterState.ONBOARDING:
-        Cluster.objects.filter(pk=cluster.pk).update(
-            state=ClusterState.READY, state_reason=f"slurmrestd {version}"
-        )
-    return cluster, collected
-
-
-def collect(cluster: Cluster, client: SlurmClient | None = None) -> Collected:
+def collect(cluster: Cluster, client: SlurmClient | None = None) -> Inventory:
     """One inventory pass: nodes and GPUs as Slurm sees them. Nodes Slurm reports healthy send a
     heartbeat through the buffer (so the lifecycle treats them like any other); drained and
     down nodes take Slurm's state at once."""
@@ -108,7 +74,7 @@ def collect(cluster: Cluster, client: SlurmClient | None = None) -> Collected:
             )
     if records:  # after commit: onboarding creates the nodes in the same transaction
         transaction.on_commit(lambda: get_buffer().put(records))
-    return Collected(len(nodes), gpus, tuple(sorted(unknown)))
+    return Inventory(len(nodes), gpus, tuple(sorted(unknown)))
 
 
 def _follow_slurm_state(node_id: int, n: SlurmNode) -> None:
@@ -128,25 +94,3 @@ def _set(node_id: int, state: str, reason: str) -> None:
         node = Node.objects.select_for_update().filter(pk=node_id).first()
         if node is not None and node.state != state:
             set_node_state(node, state, {node.state}, actor=None, reason=reason[:255])
-
-
-def for_each_slurm_cluster(work: Callable[[Cluster], object], *, include_disabled: bool = False) -> int:
-    """Run ``work`` on every Slurm cluster; one that cannot be reached is logged and skipped.
-    Returns how many clusters it ran on without a Slurm error."""
-    clusters = Cluster.objects.filter(kind=ClusterKind.SLURM)
-    if not include_disabled:
-        clusters = clusters.exclude(state=ClusterState.DISABLED)
-    done = 0
-    for cluster in clusters:
-        try:
-            work(cluster)
-            done += 1
-        except SlurmError as exc:
-            log.warning("slurm cluster %s: %s", cluster.name, exc)
-    return done
-
-
-def collect_all() -> int:
-    """Collect every Slurm cluster; an unreachable one is logged and left to the lifecycle,
-    which marks it unreachable when its nodes fall silent."""
-    return for_each_slurm_cluster(collect)

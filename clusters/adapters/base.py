@@ -1,0 +1,195 @@
+"""The one interface every kind of cluster answers, and the plain values it speaks.
+
+An adapter makes a cluster do what the scheduler decided and says what the cluster did. It
+never touches the scheduling app: it takes ``Work`` (what to run where) and gives back
+``Sent`` (what became of a delivery), ``RemoteState`` (what the cluster says about an attempt)
+and ``LogChunk`` (output the cluster kept). Turning those into job transitions, outbox
+bookkeeping and stored logs is the kind-agnostic side's job (``scheduling/dispatch/``), in one
+place for every kind.
+
+The operations, each idempotent:
+
+* ``inventory(cluster)`` refreshes the cluster's nodes and GPUs (pulled from the cluster's own
+  API where it has one; native and simulated nodes report themselves through the agent API)
+  and says what it saw;
+* ``dispatch(cluster, works)`` starts each attempt on the nodes chosen for it. The remote job is
+  named after the attempt id, so a delivery retried after a crash finds what it already created;
+* ``sync(cluster, works)`` reads the cluster's view of the attempts Orrery considers active
+  there (``works``), plus the jobs it still runs for attempts Orrery no longer wants
+  (``Synced.orphans``: the dispatcher cancels those — cancelling is level-triggered);
+* ``cancel(cluster, remote_ids)`` stops jobs on the cluster; returns how many it stopped.
+
+Adding a kind is one module beside this one, one line in ``registry.py`` and one parameter of
+the contract suite (``tests/test_adapters.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from clusters.models import Cluster
+
+
+class Phase(enum.StrEnum):
+    """Where an attempt stands on its cluster, in the cluster-neutral terms adapters use."""
+
+    QUEUED = "queued"  # accepted, waiting in the cluster's own queue
+    HELD = "held"  # held in the cluster's own queue
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+    @property
+    def ended(self) -> bool:
+        return self in _ENDED
+
+
+_ENDED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.TIMEOUT, Phase.CANCELLED, Phase.PREEMPTED})
+
+
+@dataclass(frozen=True)
+class Share:
+    """One node's part of an attempt: the node and the indices of its GPUs the attempt holds."""
+
+    node_id: int
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """How a job on a simulated cluster behaves: it runs ``duration_s`` (None: the cluster's
+    default) and exits ``exit_code``."""
+
+    duration_s: float | None
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Work:
+    """One attempt as its cluster must run it: where, what, for how long.
+
+    ``shares`` are ordered by node name (a gang's head first). ``remote_id`` is the cluster's own
+    id once dispatched; ``started_at`` (epoch seconds) is set once the attempt runs.
+    """
+
+    attempt_id: str
+    job_id: int
+    number: int
+    epoch: int
+    script: str
+    env: Mapping[str, str]
+    shares: tuple[Share, ...]
+    time_limit_s: int | None = None
+    remote_id: str = ""
+    started_at: float | None = None
+    simulation: Simulation | None = None
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shares)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.shares[0].gpu_indices) if self.shares else 0
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What became of one delivery. ``error`` set: not delivered, tried again later. ``phase``
+    set: the cluster already moved the attempt (a simulated cluster starts it at once)."""
+
+    attempt_id: str
+    remote_id: str = ""
+    error: str = ""
+    phase: Phase | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Output of an attempt on one node: ``data`` starts at byte ``offset`` of that stream."""
+
+    attempt_id: str
+    node: str
+    offset: int
+    data: str
+
+
+@dataclass(frozen=True)
+class RemoteState:
+    """What a cluster says about one attempt.
+
+    ``message`` explains it in words (an exit, or why the cluster keeps it queued). ``head`` is
+    False for a report from a gang member other than the head: its success does not end the job.
+    ``started_at`` (epoch seconds) is given by clusters whose own time limits are coarser than
+    Orrery's, so the dispatcher enforces the job's limit to the second.
+    """
+
+    attempt_id: str
+    phase: Phase
+    remote_id: str = ""
+    exit_code: int | None = None
+    message: str = ""
+    head: bool = True
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A job the cluster still runs under an attempt's name that Orrery did not ask about."""
+
+    attempt_id: str
+    remote_id: str
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The answer of one ``sync``: states of the attempts asked about, output, orphans, and when
+    to ask again if sooner than the periodic pass (a simulated job ending in 300 ms)."""
+
+    states: Sequence[RemoteState] = ()
+    output: Sequence[LogChunk] = ()
+    orphans: Sequence[Orphan] = ()
+    again_in_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What one inventory pass saw."""
+
+    nodes: int
+    gpus: int
+    unknown_gpu_types: tuple[str, ...] = field(default=())
+
+
+class ClusterAdapter(Protocol):
+    """One kind of cluster. Implementations are stateless; every call names its cluster."""
+
+    kind: ClassVar[str]
+    #: True when inventory is read from the cluster's own API (periodically); False when nodes
+    #: register and report themselves through the agent API.
+    pulls_inventory: ClassVar[bool]
+    #: How often the cluster is synced (seconds); None when it pushes its reports itself.
+    sync_every_s: ClassVar[float | None]
+    #: At most this many attempts are handed to one ``dispatch`` call.
+    dispatch_batch: ClassVar[int]
+
+    def inventory(self, cluster: Cluster) -> Inventory: ...
+
+    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> list[Sent]: ...
+
+    def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced: ...
+
+    def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int: ...
+
+
+class AdapterError(Exception):
+    """The cluster could not be reached or refused a request; the pass is tried again later."""

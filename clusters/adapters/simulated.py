@@ -1,0 +1,74 @@
+"""Simulated clusters: thousands of nodes for demos and scale tests, and jobs that run no
+command. A job starts the moment it is delivered and ends ``Simulation.duration_s`` after it
+started, with ``Simulation.exit_code`` (``spec.sim`` of the job; ``ORRERY_SIM_DEFAULT_DURATION_S``
+when it says nothing). Nodes report like any others, through the agent API (a heartbeat traffic
+generator drives them in the demo and the benchmarks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import ClassVar
+
+from django.conf import settings
+
+from clusters.adapters.base import Inventory, Phase, RemoteState, Sent, Synced, Work
+from clusters.adapters.native import registered_inventory
+from clusters.choices import ClusterKind
+from clusters.models import Cluster
+
+
+class SimulatedAdapter:
+    kind: ClassVar[str] = ClusterKind.SIMULATED
+    pulls_inventory: ClassVar[bool] = False
+    dispatch_batch: ClassVar[int] = 5000
+    sync_every_s: ClassVar[float | None] = 1.0
+
+    def inventory(self, cluster: Cluster) -> Inventory:
+        return registered_inventory(cluster)
+
+    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> list[Sent]:
+        return [
+            Sent(w.attempt_id, phase=Phase.RUNNING, message="started on a simulated cluster") for w in works
+        ]
+
+    def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
+        """Ends what has run its course; says when the next job ends if before the next pass."""
+        now = time.time()
+        states, soonest = [], None
+        for work in works:
+            if work.started_at is None:
+                continue  # not started yet: its delivery starts it
+            sim = work.simulation
+            duration = (
+                settings.ORRERY_SIM_DEFAULT_DURATION_S
+                if sim is None or sim.duration_s is None
+                else sim.duration_s
+            )
+            code = 0 if sim is None else sim.exit_code
+            end = work.started_at + duration
+            if end > now:
+                soonest = end if soonest is None else min(soonest, end)
+            elif code:
+                states.append(
+                    RemoteState(
+                        work.attempt_id,
+                        Phase.FAILED,
+                        exit_code=code,
+                        message=f"exit code {code} on a simulated cluster",
+                    )
+                )
+            else:
+                states.append(
+                    RemoteState(
+                        work.attempt_id,
+                        Phase.SUCCEEDED,
+                        exit_code=0,
+                        message="finished on a simulated cluster",
+                    )
+                )
+        return Synced(states=states, again_in_s=None if soonest is None else soonest - time.time())
+
+    def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
+        return 0  # nothing runs: a cancelled attempt is no longer asked about

@@ -1,0 +1,27 @@
+"""The periodic inventory pass over clusters whose nodes are read from the cluster's own API."""
+
+from __future__ import annotations
+
+import logging
+
+from clusters.adapters.base import AdapterError
+from clusters.adapters.registry import ADAPTERS, adapter_for
+from clusters.choices import ClusterState
+from clusters.models import Cluster
+
+log = logging.getLogger(__name__)
+
+
+def take_inventories() -> int:
+    """Refresh every enabled cluster of a kind that pulls its inventory; one that cannot be
+    reached is logged and left to the lifecycle, which marks it unreachable when its nodes fall
+    silent. Returns how many clusters answered."""
+    kinds = [k for k in ADAPTERS if adapter_for(k).pulls_inventory]
+    done = 0
+    for cluster in Cluster.objects.filter(kind__in=kinds).exclude(state=ClusterState.DISABLED):
+        try:
+            adapter_for(cluster.kind).inventory(cluster)
+            done += 1
+        except AdapterError as exc:
+            log.warning("%s cluster %s: %s", cluster.kind, cluster.name, exc)
+    return done

@@ -1,0 +1,109 @@
+"""Reading polled clusters back: states, exit codes, output, and work to withdraw.
+
+``sync_cluster`` asks the cluster's adapter about every attempt Orrery considers active there,
+stores the output it brings, enforces time limits to the second where the cluster's own are
+coarser, hands the states to the one mapper (``dispatch.remote``), and cancels on the cluster
+what Orrery no longer runs (a job cancelled, held or requeued in Orrery: cancelling is
+level-triggered). ``sync_due_clusters`` is the periodic pass over every polled kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.core.cache import cache
+
+from clusters.adapters.base import AdapterError, Phase, RemoteState
+from clusters.adapters.registry import ADAPTERS, adapter_for
+from clusters.models import Cluster
+from scheduling.dispatch.remote import apply_remote_states, past_time_limit
+from scheduling.dispatch.works import load_works
+from scheduling.models import JobAttempt
+from scheduling.services.logs import store_log
+from scheduling.wakeup import wake_sync
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SyncCounts:
+    moved: int  # jobs whose state changed
+    cancelled: int  # jobs stopped on the cluster (past their limit, or no longer Orrery's)
+
+    def __bool__(self) -> bool:
+        return True  # a sync that ran, whatever it changed (``wait(lambda: sync_cluster(c) and …)``)
+
+
+def sync_cluster(cluster: Cluster) -> SyncCounts:
+    """One sync of one cluster. Raises ``AdapterError`` when the cluster cannot be read."""
+    adapter = adapter_for(cluster.kind)
+    works = load_works(
+        JobAttempt.objects.filter(cluster=cluster, active=True)
+        .order_by("created_at")
+        .values_list("pk", flat=True)
+    )
+    synced = adapter.sync(cluster, works)
+    for chunk in synced.output:
+        store_log(chunk)
+    limits = {w.attempt_id: w.time_limit_s for w in works}
+    states, cancelled = [], 0
+    for state in synced.states:
+        limit = limits.get(state.attempt_id)
+        if past_time_limit(state, limit) and adapter.cancel(cluster, [state.remote_id]):
+            cancelled += 1
+            state = RemoteState(
+                state.attempt_id,
+                Phase.TIMEOUT,
+                state.remote_id,
+                message=f"ran past its time limit of {limit} s",
+            )
+        states.append(state)
+    moved = apply_remote_states(states)
+    cancelled += _withdraw(cluster, synced.orphans)
+    if synced.again_in_s is not None:
+        wake_sync(cluster.pk, synced.again_in_s)
+    return SyncCounts(moved, cancelled)
+
+
+def _withdraw(cluster: Cluster, orphans: object) -> int:
+    """Cancel the cluster's jobs for attempts Orrery made and no longer runs there."""
+    names = {}
+    for orphan in orphans:  # type: ignore[attr-defined]
+        try:
+            names[uuid.UUID(orphan.attempt_id)] = orphan.remote_id
+        except ValueError:
+            continue  # not named by Orrery: not ours to touch
+    if not names:
+        return 0
+    ours = JobAttempt.objects.filter(pk__in=list(names)).values_list("pk", flat=True)
+    return adapter_for(cluster.kind).cancel(cluster, [names[pk] for pk in ours])
+
+
+def sync_due_clusters(now: float | None = None) -> int:
+    """Sync every cluster of a polled kind whose interval has passed (disabled clusters too:
+    work already there must still finish). One that cannot be reached is logged and skipped.
+    Returns how many clusters were synced."""
+    now = now or time.time()
+    kinds = [k for k in ADAPTERS if adapter_for(k).sync_every_s is not None and _due(k, now)]
+    done = 0
+    for cluster in Cluster.objects.filter(kind__in=kinds):
+        try:
+            sync_cluster(cluster)
+            done += 1
+        except AdapterError as exc:
+            log.warning("%s cluster %s: %s", cluster.kind, cluster.name, exc)
+    return done
+
+
+def _due(kind: str, now: float) -> bool:
+    """Whether a kind's interval has passed since its last pass (shared by every worker through
+    the cache; half a second of slack so a one-second beat does not skip every other turn)."""
+    key = f"orrery:synced:{kind}"
+    last = cache.get(key)
+    if last is not None and now - last < (adapter_for(kind).sync_every_s or 0) - 0.5:
+        return False
+    cache.set(key, now, 3600)
+    return True
