@@ -324,7 +324,7 @@ def test_schema_and_docs_are_served(client, db):
         ("projects", 4),
         ("queues", 5),
         ("clusters", 5),
-        ("clusters/sim-a", 6),
+        ("clusters/sim-a", 5),
         ("nodes", 2),
         ("nodes?gpuModel=h100", 4),
         ("nodes/{node}/events", 3),
