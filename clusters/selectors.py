@@ -47,7 +47,8 @@ def gpu_capacity_histogram(gpu_model_id: int) -> dict[int, int]:
 
 
 def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:
-    """``{cluster: [(node, GPU model slug, GPUs)]}`` of every simulated cluster, for the simulator."""
+    """``{cluster: [(node, GPU model slug, GPUs)]}`` of every simulated cluster, for the heartbeat
+    traffic (``clusters.traffic``)."""
     fleet: dict[str, list[tuple[str, str, int]]] = {}
     rows = (
         GpuDevice.objects.filter(node__cluster__kind=ClusterKind.SIMULATED)
