@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
 from django.core.cache import cache
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from clusters.choices import ClusterKind
-from clusters.models import GpuDevice, GpuModel, GpuModelAlias
+from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, MetricPoint, Node, NodeEvent
 
 
 def resolve_gpu_model(name: str) -> GpuModel | None:
@@ -42,7 +47,8 @@ def gpu_capacity_histogram(gpu_model_id: int) -> dict[int, int]:
 
 
 def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:
-    """``{cluster: [(node, GPU model slug, GPUs)]}`` of every simulated cluster, for the simulator."""
+    """``{cluster: [(node, GPU model slug, GPUs)]}`` of every simulated cluster, for the heartbeat
+    traffic (``clusters.traffic``)."""
     fleet: dict[str, list[tuple[str, str, int]]] = {}
     rows = (
         GpuDevice.objects.filter(node__cluster__kind=ClusterKind.SIMULATED)
@@ -55,3 +61,73 @@ def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:
             (row["node__name"], row["model__slug"], row["n"])
         )
     return fleet
+
+
+def all_clusters() -> QuerySet[Cluster]:
+    """Every cluster, by name."""
+    return Cluster.objects.order_by("name")
+
+
+def cluster_by_name(name: str) -> Cluster | None:
+    """The cluster called ``name`` (names are exact and case-sensitive), or None."""
+    return Cluster.objects.filter(name=name).first()
+
+
+def cluster_state_counts() -> list[dict[str, Any]]:
+    """``[{"state", "n"}]``: clusters per state, by state."""
+    return list(Cluster.objects.values("state").annotate(n=Count("id")).order_by("state"))
+
+
+def node_state_counts(cluster: Cluster | None = None) -> list[dict[str, Any]]:
+    """``[{"state", "n"}]``: nodes per state, by state, of one cluster or of the whole fleet."""
+    nodes = Node.objects.all() if cluster is None else Node.objects.filter(cluster=cluster)
+    return list(nodes.values("state").annotate(n=Count("id")).order_by("state"))
+
+
+def node_events(node_id: int) -> QuerySet[NodeEvent] | None:
+    """A node's state history with the acting user, or None when there is no such node."""
+    if not Node.objects.filter(pk=node_id).exists():
+        return None
+    return NodeEvent.objects.filter(node_id=node_id).select_related("actor")
+
+
+def gpu_catalog() -> QuerySet[GpuModel]:
+    """Every GPU model with its aliases (prefetched), by slug."""
+    return GpuModel.objects.prefetch_related("aliases").order_by("slug")
+
+
+def gpus_with_nodes(gpu_ids: Iterable[int]) -> QuerySet[GpuDevice]:
+    """These GPUs with their nodes, by node name and index."""
+    return (
+        GpuDevice.objects.filter(pk__in=list(gpu_ids)).select_related("node").order_by("node__name", "index")
+    )
+
+
+@dataclass(frozen=True)
+class MinuteTotals:
+    """The fleet's one-minute roll-ups of one minute, summed over clusters and GPU models."""
+
+    samples: int
+    gpus_total: int
+    gpus_allocated: int
+    utilization_sum: float
+    power_w_sum: float
+
+
+def minute_totals(since: datetime, cluster_name: str | None = None) -> dict[int, MinuteTotals]:
+    """``{minute as a Unix time: MinuteTotals}`` from ``since`` on, of one cluster or of all. One
+    query; minutes without a roll-up are absent."""
+    points = MetricPoint.objects.filter(resolution=MetricPoint.Resolution.MINUTE, at__gte=since)
+    if cluster_name:
+        points = points.filter(cluster__name=cluster_name)
+    sums: dict[int, list[float]] = {}
+    for at, samples, total, allocated, util, power in points.values_list(
+        "at", "samples", "gpus_total", "gpus_allocated", "utilization_sum", "power_w_sum"
+    ):
+        b = sums.setdefault(int(at.timestamp()), [0, 0, 0, 0.0, 0.0])
+        b[0] += samples
+        b[1] += total
+        b[2] += allocated
+        b[3] += util
+        b[4] += power
+    return {t: MinuteTotals(*b) for t, b in sums.items()}

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from portal.choices import Role
-from portal.models import Membership, Project
+from portal.models import ApiToken, Membership, Project
 from scheduling.models import Job, Queue
 from scheduling.spec import SpecError
 
@@ -48,6 +48,19 @@ def usable_queues(user: AbstractBaseUser) -> QuerySet[Queue]:
     if user.is_staff:
         return queues
     return queues.filter(project__memberships__user=user)
+
+
+def visible_queues(user: AbstractBaseUser) -> QuerySet[Queue]:
+    """The queues of the projects ``user`` can see, with their project."""
+    return Queue.objects.filter(project__in=visible_projects(user)).select_related("project")
+
+
+def access_token(user: AbstractBaseUser, token_id: int) -> ApiToken:
+    """One of ``user``'s own API tokens; Http404 for anyone else's, operators included."""
+    token = ApiToken.objects.filter(pk=token_id, user=user).first()
+    if token is None:
+        raise Http404("No such token.")
+    return token
 
 
 def submission_queue(user: AbstractBaseUser, project: str | None, queue: str, *, path: str = "") -> Queue:

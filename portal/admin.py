@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
 from foundation.console import service_action
 from portal.models import ApiToken, Membership, Project
+from portal.selectors import with_member_counts
 from portal.services.tokens import issue_token, revoke_token
 from scheduling.models import Queue
 
@@ -31,9 +33,12 @@ class ProjectAdmin(admin.ModelAdmin):
     search_fields = ["name", "display_name"]
     inlines = [MembershipInline, QueueInline]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Project]:
+        return with_member_counts(super().get_queryset(request))
+
     @admin.display(description="Members")
     def member_count(self, obj: Project) -> int:
-        return obj.memberships.count()
+        return obj.member_count
 
 
 @admin.register(ApiToken)

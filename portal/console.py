@@ -7,17 +7,15 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.cache import cache
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from clusters.models import Cluster, Node
-from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
+from clusters.selectors import cluster_state_counts, node_state_counts
+from scheduling.choices import ACTIVE_STATES, WAITING_STATES
 from scheduling.cycle import RECENT_CYCLES_KEY
-from scheduling.models import Job, SchedulerState
 from scheduling.policies import active_profile
-from scheduling.selectors import gpus_by_model
+from scheduling.selectors import gpus_by_model, job_state_counts, scheduler_state, waiting_reasons
 
 
 class OrreryAdminSite(admin.AdminSite):
@@ -35,19 +33,13 @@ class OrreryAdminSite(admin.AdminSite):
         return super().index(request, {"health": fleet_health(), **(extra_context or {})})
 
     def scheduler_view(self, request: HttpRequest) -> HttpResponse:
-        state = SchedulerState.objects.first()
-        pending = (
-            Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD])
-            .values("state", "reason")
-            .annotate(n=Count("id"))
-            .order_by("-n")
-        )
+        state = scheduler_state()
         profile = active_profile()
         context = self.each_context(request) | {
             "title": "Scheduler",
             "state": state,
             "cycles": list(reversed(cache.get(RECENT_CYCLES_KEY) or [])),
-            "pending": pending,
+            "pending": waiting_reasons(),
             "profile": profile,
         }
         return TemplateResponse(request, "admin/scheduler.html", context)
@@ -57,13 +49,11 @@ def fleet_health() -> dict[str, Any]:
     models = gpus_by_model()
     gpus = {key: sum(m[key] for m in models) for key in ("total", "free", "allocated")}
     gpus["unhealthy"] = sum(m["total"] - m["healthy"] for m in models)
+    state = scheduler_state()
     return {
-        "clusters": Cluster.objects.values("state").annotate(n=Count("id")).order_by("state"),
-        "nodes": Node.objects.values("state").annotate(n=Count("id")).order_by("state"),
+        "clusters": cluster_state_counts(),
+        "nodes": node_state_counts(),
         "gpus": gpus,
-        "jobs": Job.objects.filter(state__in=list(WAITING_STATES | ACTIVE_STATES))
-        .values("state")
-        .annotate(n=Count("id"))
-        .order_by("state"),
-        "last_cycle": SchedulerState.objects.values_list("last_cycle_at", flat=True).first(),
+        "jobs": job_state_counts(WAITING_STATES | ACTIVE_STATES),
+        "last_cycle": state.last_cycle_at if state else None,
     }

@@ -21,7 +21,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from clusters.models import Cluster
+from clusters.selectors import cluster_by_name
 from portal.access import access_job, visible_projects
 
 FLUSH_S = 1.0
@@ -157,13 +157,11 @@ class ClusterConsumer(LiveConsumer):
 
     async def authorise(self) -> list[str] | None:
         name = self.scope["url_route"]["kwargs"]["name"]
-        cluster_id = await database_sync_to_async(
-            lambda: Cluster.objects.filter(name=name).values_list("pk", flat=True).first()
-        )()
-        if cluster_id is None:
+        cluster = await database_sync_to_async(cluster_by_name)(name)
+        if cluster is None:
             return None
-        self.cluster_id = cluster_id
-        return [f"cluster.{cluster_id}"]
+        self.cluster_id = cluster.pk
+        return [f"cluster.{cluster.pk}"]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return data.get("cluster_id") == self.cluster_id

@@ -12,6 +12,7 @@ from clusters.models import Cluster, GpuModel, Node, NodeEvent
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES
 from scheduling.models import Job, JobEvent
+from scheduling.selectors import job_placement
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -78,21 +79,16 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "nullable": True})
     def get_placement(self, job: Job) -> dict[str, Any] | None:
         """Where the latest attempt runs or ran: cluster, and per node the GPU indices."""
-        attempts = list(job.attempts.all())  # prefetched, ordered by number
-        if not attempts:
+        placement = job_placement(job)  # prefetched by the views (jobs_with_placement)
+        if placement is None:
             return None
-        attempt = attempts[-1]
-        nodes: dict[str, list[int]] = {}
-        for allocation in attempt.allocations.all():
-            indices = nodes.setdefault(allocation.node.name, [])
-            if allocation.gpu is not None:
-                indices.append(allocation.gpu.index)
+        attempt = placement.attempt
         return {
             "attempt": attempt.number,
             "attemptId": str(attempt.pk),
             "cluster": attempt.cluster.name,
             "active": attempt.active,
-            "nodes": [{"node": name, "gpus": sorted(idx)} for name, idx in sorted(nodes.items())],
+            "nodes": [{"node": name, "gpus": gpus} for name, gpus in placement.nodes.items()],
         }
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import QuerySet
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -26,11 +25,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters.adapters.slurm.api import SlurmError
-from clusters.choices import GpuHealth, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
-from clusters.selectors import resolve_gpu_model
+from clusters.choices import NodeState
+from clusters.models import Cluster, GpuModel, Node, NodeEvent
+from clusters.selectors import all_clusters, cluster_by_name, gpu_catalog, node_events, resolve_gpu_model
 from clusters.services.onboarding import onboard_slurm
-from portal.access import access_job, can_act_on_job, submission_queue, visible_jobs, visible_projects
+from portal.access import (
+    access_job,
+    access_token,
+    can_act_on_job,
+    submission_queue,
+    visible_jobs,
+    visible_projects,
+    visible_queues,
+)
 from portal.api.errors import InputError
 from portal.api.filters import JOB_FILTERS, filter_jobs
 from portal.api.schema import ERROR_SCHEMA, JOB_BATCH_SCHEMA, JOB_SPEC_SCHEMA
@@ -47,10 +54,19 @@ from portal.api.serializers import (
     TokenSerializer,
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
-from portal.models import ApiToken, Membership
+from portal.models import ApiToken
+from portal.selectors import api_tokens, memberships
 from portal.services.tokens import issue_token, revoke_token
-from scheduling.models import Allocation, Job, JobAttempt, Queue
-from scheduling.selectors import fleet_capacity, log_tail, queue_gpu_rows
+from scheduling.models import Job, Queue
+from scheduling.selectors import (
+    fleet_capacity,
+    job_events,
+    jobs_by_id,
+    jobs_with_placement,
+    log_tail,
+    node_rows,
+    queue_gpu_rows,
+)
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
 from scheduling.services.submission import build_requests
 from scheduling.spec import SpecError, parse_job_spec
@@ -83,17 +99,6 @@ class NameCursor(IdCursor):
     position_type = str
 
 
-def with_placement(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Prefetch what ``JobSerializer.placement`` reads: three queries per page, not per job."""
-    allocations = Allocation.objects.select_related("node", "gpu")
-    attempts = (
-        JobAttempt.objects.select_related("cluster")
-        .prefetch_related(Prefetch("allocations", queryset=allocations))
-        .order_by("number")
-    )
-    return jobs.prefetch_related(Prefetch("attempts", queryset=attempts))
-
-
 # --- jobs -------------------------------------------------------------------------------------
 
 
@@ -107,7 +112,7 @@ class JobListView(GenericAPIView):
         return [SubmitThrottle()] if self.request.method == "POST" else [ReadThrottle()]
 
     def get_queryset(self) -> QuerySet[Job]:
-        return with_placement(filter_jobs(visible_jobs(self.request.user), self.request.query_params))
+        return jobs_with_placement(filter_jobs(visible_jobs(self.request.user), self.request.query_params))
 
     @extend_schema(
         parameters=[OpenApiParameter(name, str, description=f"filter by {name}") for name in JOB_FILTERS],
@@ -143,9 +148,7 @@ class JobListView(GenericAPIView):
             job = jobs[0]
             job._prefetched_objects_cache = {"attempts": []}
         else:
-            job = with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model")).get(
-                pk=jobs[0].pk
-            )
+            job = jobs_by_id([jobs[0].pk]).get()
         return Response(JobDetailSerializer(job).data, status=201 if created else 200)
 
 
@@ -189,12 +192,7 @@ class JobBatchView(APIView):
         jobs, created = submit_jobs(
             requests, actor=request.user, idempotency_key=_idempotency_key(request), batch=True
         )
-        rows = JobSerializer(
-            with_placement(Job.objects.select_related("owner", "project", "queue", "gpu_model"))
-            .filter(pk__in=[j.pk for j in jobs])
-            .order_by("id"),
-            many=True,
-        ).data
+        rows = JobSerializer(jobs_by_id(j.pk for j in jobs), many=True).data
         return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
 
 
@@ -207,7 +205,8 @@ class JobDetailView(RetrieveAPIView):
 
     def get_object(self) -> Job:
         return (
-            with_placement(visible_jobs(self.request.user)).filter(pk=self.kwargs["pk"]).first() or _missing()
+            jobs_with_placement(visible_jobs(self.request.user)).filter(pk=self.kwargs["pk"]).first()
+            or _missing()
         )
 
 
@@ -221,7 +220,7 @@ class JobEventsView(ListAPIView):
 
     def get_queryset(self) -> QuerySet:
         job = access_job(self.request.user, self.kwargs["pk"])
-        return job.events.select_related("actor", "attempt").order_by("id")
+        return job_events(job)
 
 
 class JobLogsView(APIView):
@@ -259,7 +258,7 @@ class JobActionView(APIView):
                 "Only the job's owner, a manager of its project or an operator may do that."
             )
         self.services[self.verb](job, actor=request.user)
-        fresh = with_placement(visible_jobs(request.user)).get(pk=job.pk)
+        fresh = jobs_with_placement(visible_jobs(request.user)).get(pk=job.pk)
         return Response(JobDetailSerializer(fresh).data)
 
 
@@ -271,7 +270,7 @@ class ProjectListView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
-        roles = dict(Membership.objects.filter(user=request.user).values_list("project_id", "role"))
+        roles = {m.project_id: m.role for m in memberships(request.user)}
         projects = visible_projects(request.user).prefetch_related("queues").order_by("name")
         return Response(
             {
@@ -295,11 +294,7 @@ class QueueListView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
-        queues = list(
-            Queue.objects.filter(project__in=visible_projects(request.user))
-            .select_related("project")
-            .order_by("project__name", "name")
-        )
+        queues = list(visible_queues(request.user).order_by("project__name", "name"))
         gpus, jobs = queue_gpu_rows(q.pk for q in queues)
         results = [
             {
@@ -323,7 +318,9 @@ class ClusterListView(ListAPIView):
     serializer_class = ClusterSerializer
     throttle_classes = [ReadThrottle]
     pagination_class = None
-    queryset = Cluster.objects.order_by("name")
+
+    def get_queryset(self) -> QuerySet[Cluster]:
+        return all_clusters()
 
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"capacity": fleet_capacity()}
@@ -354,11 +351,11 @@ class ClusterDetailView(RetrieveAPIView):
     throttle_classes = [ReadThrottle]
 
     def get_object(self) -> Cluster:
-        return get_object_or_404(Cluster, name=self.kwargs["name"])
+        self.cluster = cluster_by_name(self.kwargs["name"]) or _missing()
+        return self.cluster
 
     def get_serializer_context(self) -> dict[str, Any]:
-        cluster = get_object_or_404(Cluster, name=self.kwargs["name"])
-        return super().get_serializer_context() | {"capacity": fleet_capacity([cluster.pk])}
+        return super().get_serializer_context() | {"capacity": fleet_capacity([self.cluster.pk])}
 
 
 class NodeListView(ListAPIView):
@@ -374,17 +371,7 @@ class NodeListView(ListAPIView):
 
     def get_queryset(self) -> QuerySet[Node]:
         params = self.request.query_params
-        nodes = Node.objects.select_related("cluster").annotate(
-            gpu_model_slug=Subquery(GpuDevice.objects.filter(node=OuterRef("pk")).values("model__slug")[:1]),
-            gpus_healthy=Count("gpus", filter=Q(gpus__health=GpuHealth.HEALTHY), distinct=True),
-            gpus_allocated=Count(
-                "allocations",
-                filter=Q(allocations__active=True, allocations__gpu__isnull=False),
-                distinct=True,
-            ),
-        )
-        if cluster := params.get("cluster"):
-            nodes = nodes.filter(cluster__name=cluster)
+        states = model = None
         if state := params.get("state"):
             states = state.lower().split(",")
             if unknown := [s for s in states if s not in NodeState.values]:
@@ -396,13 +383,11 @@ class NodeListView(ListAPIView):
                         )
                     ]
                 )
-            nodes = nodes.filter(state__in=states)
         if name := params.get("gpuModel"):
             model = resolve_gpu_model(name)
             if model is None:
                 raise InputError([("query.gpuModel", f"unknown GPU model '{name[:40]}'")])
-            nodes = nodes.filter(gpus__model=model).distinct()
-        return nodes
+        return node_rows(params.get("cluster"), states, model)
 
 
 class NodeEventsView(ListAPIView):
@@ -413,15 +398,17 @@ class NodeEventsView(ListAPIView):
     pagination_class = IdCursor
 
     def get_queryset(self) -> QuerySet[NodeEvent]:
-        node = get_object_or_404(Node, pk=self.kwargs["pk"])
-        return NodeEvent.objects.filter(node=node).select_related("actor")
+        events = node_events(self.kwargs["pk"])
+        return _missing() if events is None else events
 
 
 class GpuModelListView(ListAPIView):
     serializer_class = GpuModelSerializer
     throttle_classes = [ReadThrottle]
     pagination_class = None
-    queryset = GpuModel.objects.prefetch_related("aliases").order_by("slug")
+
+    def get_queryset(self) -> QuerySet[GpuModel]:
+        return gpu_catalog()
 
 
 class MeView(APIView):
@@ -429,14 +416,11 @@ class MeView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
-        memberships = (
-            Membership.objects.filter(user=request.user).select_related("project").order_by("project__name")
-        )
         return Response(
             {
                 "username": request.user.get_username(),
                 "operator": request.user.is_staff,
-                "projects": [{"name": m.project.name, "role": m.role} for m in memberships],
+                "projects": [{"name": m.project.name, "role": m.role} for m in memberships(request.user)],
                 "authenticatedWith": "token" if isinstance(request.auth, ApiToken) else "session",
             }
         )
@@ -449,8 +433,7 @@ class TokenListView(APIView):
 
     @extend_schema(responses={200: inline_serializer("TokenList", {"results": TokenSerializer(many=True)})})
     def get(self, request: Request) -> Response:
-        tokens = ApiToken.objects.filter(user=request.user).order_by("-created_at")
-        return Response({"results": TokenSerializer(tokens, many=True).data})
+        return Response({"results": TokenSerializer(api_tokens(request.user), many=True).data})
 
     @extend_schema(request=TokenRequestSerializer, responses={201: OpenApiTypes.OBJECT, **ERRORS})
     def post(self, request: Request) -> Response:
@@ -468,7 +451,7 @@ class TokenDetailView(APIView):
 
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, pk: int) -> Response:
-        token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+        token = access_token(request.user, pk)
         revoke_token(token, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -496,5 +479,5 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-def _missing() -> Job:
+def _missing() -> NoReturn:
     raise Http404

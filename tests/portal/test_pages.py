@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 
 from scheduling.choices import JobState
 from scheduling.models import Job
-from tests.factories import make_job, make_project, make_queue
+from scheduling.services.allocations import NodePlacement, bind_job
+from tests.factories import make_cluster, make_job, make_node, make_project, make_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -107,3 +109,38 @@ def test_cluster_cards_count_running_and_the_jobs_waiting_for_them(signed_in, al
     make_job(alice, queue, placement={"clusters": [], "nodeSelector": {}})
     page = signed_in.get("/clusters/").content.decode()
     assert "<strong>1</strong> waiting for it" in page and "3 job(s) waiting across the fleet" in page
+
+
+@pytest.mark.parametrize(
+    "path, queries",
+    [
+        ("/", 11),
+        ("/submit/", 7),
+        ("/jobs/", 6),
+        ("/jobs/{job}/", 7),
+        ("/clusters/", 9),
+        ("/clusters/sim-a/", 7),
+        ("/fleet/", 2),
+        ("/fleet/nodes.json", 5),
+        ("/fleet/nodes.json?cluster=sim-a", 5),
+        ("/fleet/series.json", 3),
+        ("/queues/", 6),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_pages_read_in_a_fixed_number_of_queries(
+    signed_in, alice, queue, path, queries, django_assert_num_queries
+):
+    """Query-count baselines: a page costs the same whatever the number of jobs and nodes
+    (session and user lookups included)."""
+    cluster = make_cluster("sim-a")
+    nodes = [make_node(cluster, gpus=8, name=f"a-{i}") for i in range(3)]
+    job = make_job(alice, queue, gpus=2, nodes=2)
+    bind_job(job, [NodePlacement(nodes[0], [0, 1]), NodePlacement(nodes[1], [2, 3])])
+    for _ in range(3):
+        make_job(alice, queue)
+    url = path.format(job=job.pk)
+    assert signed_in.get(url).status_code == 200
+    cache.clear()  # the GPU capacity and token caches start cold in every measurement
+    with django_assert_num_queries(queries):
+        assert signed_in.get(url).status_code == 200

@@ -1,4 +1,5 @@
-"""``manage.py simulate_fleet``: a simulated fleet reporting over real HTTP (see clusters.simulator)."""
+"""``manage.py simulate_fleet``: heartbeat traffic of made-up nodes over real HTTP (see
+``clusters.traffic``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import contextlib
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from clusters.simulator import FleetSimulator, SimulatorError
+from clusters.traffic import HeartbeatTraffic, TrafficError
 
 
 class Command(BaseCommand):
-    help = "Register simulated clusters and nodes through the agent API and send their heartbeats."
+    help = (
+        "Generate heartbeat traffic: register clusters (kind simulated) and nodes through the agent "
+        "API and send their heartbeats over HTTP."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--server", default="http://127.0.0.1:8000")
@@ -26,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--prefix", default="sim", help="cluster names: PREFIX-0, PREFIX-1, …")
 
     def handle(self, *args, **o) -> None:
-        sim = FleetSimulator(
+        traffic = HeartbeatTraffic(
             o["server"],
             clusters=o["clusters"],
             nodes=o["nodes"],
@@ -37,13 +41,12 @@ class Command(BaseCommand):
             prefix=o["prefix"],
         )
         try:
-            sim.setup()
-        except (SimulatorError, OSError) as exc:
+            traffic.setup()
+        except (TrafficError, OSError) as exc:
             raise CommandError(f"Could not set up the fleet on {o['server']}: {exc}") from exc
-        shape = (
-            f"{len(sim.nodes)} nodes in {len(sim.clusters)} clusters ({o['mode']}, every {o['interval']}s)"
-        )
-        self.stdout.write(f"Simulating {shape}; Ctrl-C stops.")
+        nodes, clusters = len(traffic.nodes), len(traffic.clusters)
+        shape = f"{nodes} nodes in {clusters} clusters ({o['mode']}, every {o['interval']}s)"
+        self.stdout.write(f"Sending heartbeats of {shape}; Ctrl-C stops.")
         with contextlib.suppress(KeyboardInterrupt):
-            sim.run(o["duration"])
-        self.stdout.write(f"Sent {sim.sent} node reports, {sim.refused} refused.")
+            traffic.run(o["duration"])
+        self.stdout.write(f"Sent {traffic.sent} node reports, {traffic.refused} refused.")

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from clusters.selectors import simulated_fleet
-from clusters.simulator import FleetSimulator, SimulatorError
+from clusters.traffic import HeartbeatTraffic, TrafficError
 from portal.embedded import start_embedded_timers
 from portal.services.demo import DEMO_USERS, DemoRefused, seed_demo, submit_demo_jobs
 
@@ -54,7 +54,7 @@ class Command(BaseCommand):
         start_embedded_timers(stop)
         if not no_simulator:
             threading.Thread(
-                target=self._simulate, args=(host, port, stop), name="simulator", daemon=True
+                target=self._send_heartbeats, args=(host, port, stop), name="heartbeat-traffic", daemon=True
             ).start()
             threading.Thread(target=self._workload, args=(stop,), name="workload", daemon=True).start()
         # Imported late: the ASGI application needs the app registry ready.
@@ -70,7 +70,7 @@ class Command(BaseCommand):
         finally:
             stop.set()
 
-    def _simulate(self, host: str, port: int, stop: threading.Event) -> None:
+    def _send_heartbeats(self, host: str, port: int, stop: threading.Event) -> None:
         """Keep the simulated clusters reporting through the agent API, like real collectors,
         with the odd node dying and coming back so the lifecycle shows."""
         for _ in range(100):  # wait until the server accepts connections
@@ -80,16 +80,16 @@ class Command(BaseCommand):
         fleet = simulated_fleet()
         if not fleet:
             return
-        simulator = FleetSimulator(
+        traffic = HeartbeatTraffic(
             f"http://{host}:{port}", mode="batched", interval=5.0, fail_rate=self.fail_rate
         )
         try:
-            simulator.setup(existing=fleet)
-        except (SimulatorError, OSError) as exc:
-            log.error("the demo fleet simulator could not start: %s", exc)
+            traffic.setup(existing=fleet)
+        except (TrafficError, OSError) as exc:
+            log.error("the demo's heartbeat traffic could not start: %s", exc)
             return
-        threading.Thread(target=lambda: (stop.wait(), simulator.stop()), daemon=True).start()
-        simulator.run()
+        threading.Thread(target=lambda: (stop.wait(), traffic.stop()), daemon=True).start()
+        traffic.run()
 
     def _workload(self, stop: threading.Event) -> None:
         """A trickle of new jobs, so the demo fleet fills and drains as a real one does."""

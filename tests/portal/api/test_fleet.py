@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from django.core.cache import cache
 from django.core.management import CommandError, call_command
 
 from clusters.choices import GpuHealth, NodeState
@@ -315,3 +316,31 @@ def test_schema_and_docs_are_served(client, db):
     )
     assert "bearerAuth" in schema.json()["components"]["securitySchemes"]
     assert client.get("/api/docs/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path, queries",
+    [
+        ("projects", 4),
+        ("queues", 5),
+        ("clusters", 5),
+        ("clusters/sim-a", 5),
+        ("nodes", 2),
+        ("nodes?gpuModel=h100", 4),
+        ("nodes/{node}/events", 3),
+        ("gpu-models", 3),
+        ("me", 2),
+        ("tokens", 2),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_fleet_reads_take_a_fixed_number_of_queries(
+    api, alice, queue, fleet, path, queries, django_assert_num_queries
+):
+    """Query-count baselines, whatever the size of the fleet (token lookup included)."""
+    bind_job(make_job(alice, queue, gpus=2, nodes=2), [NodePlacement(n, [0, 1]) for n in fleet.h100[:2]])
+    client, url = api(alice), f"{API}/{path.format(node=fleet.h100[0].pk)}"
+    assert client.get(url).status_code == 200
+    cache.clear()
+    with django_assert_num_queries(queries):
+        assert client.get(url).status_code == 200

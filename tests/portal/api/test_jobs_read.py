@@ -6,6 +6,7 @@ import base64
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -315,3 +316,21 @@ def test_session_login_works_and_writes_need_csrf(alice, queue):
 def test_out_of_range_ids_are_a_404(api, alice, queue, pk):
     assert api(alice).get(f"{JOBS}/{pk}").status_code == 404
     assert api(alice).post(f"{JOBS}/{pk}/cancel").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path, queries", [("", 4), ("/{job}", 4), ("/{job}/events", 3)], ids=["list", "detail", "events"]
+)
+def test_job_reads_take_a_fixed_number_of_queries(
+    api, alice, queue, fleet, path, queries, django_assert_num_queries
+):
+    """Query-count baselines: placement is prefetched, not read per job (token lookup included)."""
+    job = make_job(alice, queue, gpus=2, nodes=2)
+    bind_job(job, [NodePlacement(n, [0, 1]) for n in fleet.h100[:2]])
+    for index in range(3):
+        bind_job(make_job(alice, queue, model="a100"), [NodePlacement(fleet.a100, [index])])
+    client, url = api(alice), f"{JOBS}{path.format(job=job.pk)}"
+    assert client.get(url).status_code == 200
+    cache.clear()
+    with django_assert_num_queries(queries):
+        assert client.get(url).status_code == 200

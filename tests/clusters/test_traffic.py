@@ -1,4 +1,4 @@
-"""The fleet simulator drives the real agent API of a live server over HTTP."""
+"""Heartbeat traffic drives the real agent API of a live server over HTTP."""
 
 from __future__ import annotations
 
@@ -11,37 +11,37 @@ from clusters.choices import NodeState
 from clusters.models import Node, NodeLastSeen
 from clusters.services.aggregation import flush_heartbeats
 from clusters.services.lifecycle import run_node_lifecycle
-from clusters.simulator import FleetSimulator
+from clusters.traffic import HeartbeatTraffic
 from tests.factories import ensure_catalog
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.parametrize("mode", ["batched", "per-node"])
-def test_simulated_nodes_register_report_and_die(live_server, mode, settings):
+def test_nodes_register_report_and_die(live_server, mode, settings):
     ensure_catalog()  # a transactional test before this one flushed the seeded catalog
     settings.NODE_RECOVERY = 0
-    sim = FleetSimulator(
+    traffic = HeartbeatTraffic(
         live_server.url, clusters=2, nodes=10, mode=mode, interval=0.1, gpus_per_node=2, prefix=f"t{mode[0]}"
     )
-    sim.setup()
-    assert Node.objects.filter(cluster__name__in=sim.clusters).count() == 10
+    traffic.setup()
+    assert Node.objects.filter(cluster__name__in=traffic.clusters).count() == 10
     for _ in range(3):
-        assert sim.tick() == 10
+        assert traffic.tick() == 10
     flush_heartbeats()
     assert set(
-        NodeLastSeen.objects.filter(node__cluster__name__in=sim.clusters).values_list("seq", flat=True)
+        NodeLastSeen.objects.filter(node__cluster__name__in=traffic.clusters).values_list("seq", flat=True)
     ) == {3}
 
     run_node_lifecycle()  # on-time heartbeats (NODE_RECOVERY 0): all ready
     assert set(Node.objects.values_list("state", flat=True)) == {NodeState.READY}
 
-    victim = sim.nodes[0].name
-    sim.kill(victim, seconds=3600)
-    assert sim.tick() == 9
+    victim = traffic.nodes[0].name
+    traffic.kill(victim, seconds=3600)
+    assert traffic.tick() == 9
     flush_heartbeats()
     later = timezone.now() + timedelta(seconds=settings.NODE_GRACE + 1)
-    for node in sim.nodes[1:]:  # the others keep reporting
+    for node in traffic.nodes[1:]:  # the others keep reporting
         NodeLastSeen.objects.filter(node__name=node.name).update(seen_at=later)
     result = run_node_lifecycle(later)
     assert [Node.objects.get(pk=pk).name for pk in result.not_ready] == [victim]

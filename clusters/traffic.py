@@ -1,7 +1,10 @@
-"""A simulated fleet that reports like a real one: over HTTP, through the public agent API.
+"""Heartbeat traffic: made-up nodes that report like real ones, over HTTP, through the public
+agent API.
 
-Used by ``manage.py simulate_fleet``, by ``make demo`` (a small fleet) and by the heartbeat
-benchmark. It is an operator's tool that runs next to the server: it creates its clusters and
+A load and demo tool, not a cluster adapter: the clusters it creates are of kind ``simulated``,
+whose jobs the scheduler runs in-process (``scheduling.scheduler.advance_simulated_jobs``); this
+module only sends their nodes' registrations and heartbeats. Used by ``manage.py simulate_fleet``
+and by ``make demo`` (a small fleet). It runs next to the server: it creates its clusters and
 their credentials directly (as an operator would in the console), then registers nodes and
 sends every report through ``/api/v1/agent/…`` like any collector or agent.
 
@@ -39,12 +42,14 @@ MODELS = ["h100-80g", "a100-80g", "l40s-48g", "h200-141g"]
 CHUNK = 1000
 
 
-class SimulatorError(Exception):
-    """The server refused something the simulator needs (registration, a report)."""
+class TrafficError(Exception):
+    """The server refused something the traffic needs (registration, a report)."""
 
 
 @dataclass
-class SimNode:
+class TrafficNode:
+    """One made-up node: its identity, the sequence of its reports and its GPUs' load."""
+
     name: str
     cluster: str
     model: str
@@ -82,7 +87,7 @@ class SimNode:
             "cpu": round(random.uniform(0.05, 0.9), 3),
             "memory": random.randint(2**34, 2**38),
             "power_w": round(sum(g["power_w"] for g in gpus) + 300, 1),
-            "agent_version": "simulator",
+            "agent_version": "heartbeat-traffic",
             "gpus": gpus,
         }
 
@@ -91,7 +96,7 @@ class SimNode:
             "name": self.name,
             "cpu_millicores": 128_000,
             "memory_bytes": 1024 * 2**30,
-            "agent_version": "simulator",
+            "agent_version": "heartbeat-traffic",
             "boot_id": self.boot_id,
             "labels": {"simulated": "true"},
             "gpus": [
@@ -136,7 +141,10 @@ class _Http:
         raise AssertionError("unreachable")
 
 
-class FleetSimulator:
+class HeartbeatTraffic:
+    """Registers ``nodes`` made-up nodes spread over ``clusters`` and sends their reports every
+    ``interval`` seconds, batched per cluster or one request per node (``mode``)."""
+
     def __init__(
         self,
         server: str,
@@ -156,14 +164,14 @@ class FleetSimulator:
         self.http = _Http(server)
         self.mode, self.interval, self.fail_rate, self.threads = mode, interval, fail_rate, threads
         self.clusters = names
-        self.nodes: list[SimNode] = []
+        self.nodes: list[TrafficNode] = []
         self.credentials: dict[str, str] = {}
         self.sent = self.refused = 0
         per_cluster = max(nodes // len(names), 1)
         for c, cluster in enumerate(names):
             model = MODELS[c % len(MODELS)]
             self.nodes += [
-                SimNode(f"{cluster}-n{i:05d}", cluster, model, gpus_per_node) for i in range(per_cluster)
+                TrafficNode(f"{cluster}-n{i:05d}", cluster, model, gpus_per_node) for i in range(per_cluster)
             ]
         self._stop = threading.Event()
 
@@ -173,7 +181,7 @@ class FleetSimulator:
         ``existing`` attaches to clusters that already have nodes: ``{cluster: [(node, model, gpus)]}``."""
         if existing:
             self.clusters = list(existing)
-            self.nodes = [SimNode(n, c, m, g) for c, rows in existing.items() for n, m, g in rows]
+            self.nodes = [TrafficNode(n, c, m, g) for c, rows in existing.items() for n, m, g in rows]
         for name in self.clusters:
             cluster, _ = Cluster.objects.get_or_create(
                 name=name,
@@ -184,10 +192,10 @@ class FleetSimulator:
                 },
             )
             if self.mode == "batched":
-                _, self.credentials[name] = issue_cluster_credential(cluster, name="simulator")
+                _, self.credentials[name] = issue_cluster_credential(cluster, name="heartbeat-traffic")
             else:
-                _, self.credentials[name] = create_join_token(cluster, name="simulator")
-        GpuModel.objects.filter(slug__in=MODELS).count()  # the catalog must hold the simulated models
+                _, self.credentials[name] = create_join_token(cluster, name="heartbeat-traffic")
+        GpuModel.objects.filter(slug__in=MODELS).count()  # the catalog must hold the models it reports
         if self.mode == "batched":
             for cluster in self.clusters:
                 members = [n for n in self.nodes if n.cluster == cluster]
@@ -201,7 +209,7 @@ class FleetSimulator:
             with ThreadPoolExecutor(self.threads) as pool:
                 list(pool.map(self._register, self.nodes))
 
-    def _register(self, node: SimNode) -> None:
+    def _register(self, node: TrafficNode) -> None:
         status, body = self.http.post(
             "/api/v1/agent/register", node.description(), self.credentials[node.cluster]
         )
@@ -212,11 +220,11 @@ class FleetSimulator:
     def _expect(result: tuple[int, Any], what: str) -> Any:
         status, body = result
         if status >= 300:
-            raise SimulatorError(f"{what}: HTTP {status}: {body}")
+            raise TrafficError(f"{what}: HTTP {status}: {body}")
         return body
 
     # --- reporting ---------------------------------------------------------------------------
-    def alive(self, now: float) -> list[SimNode]:
+    def alive(self, now: float) -> list[TrafficNode]:
         live = []
         for node in self.nodes:
             if node.dead_until > now:
@@ -225,7 +233,7 @@ class FleetSimulator:
                 node.dead_until, node.boot_id, node.seq = 0.0, uuid.uuid4().hex, 0
             if self.fail_rate and random.random() < self.fail_rate:
                 node.dead_until = now + random.uniform(60, 600)
-                log.info("simulated node %s stops reporting", node.name)
+                log.info("node %s stops reporting", node.name)
                 continue
             live.append(node)
         return live
@@ -250,7 +258,7 @@ class FleetSimulator:
         with ThreadPoolExecutor(self.threads) as pool:
             return sum(pool.map(lambda node: self._send_one(node, now), live))
 
-    def _send_batch(self, cluster: str, nodes: list[SimNode], now: float) -> int:
+    def _send_batch(self, cluster: str, nodes: list[TrafficNode], now: float) -> int:
         body = {"cluster": cluster, "nodes": [n.report(now) for n in nodes]}
         status, answer = self.http.post("/api/v1/agent/report", body, self.credentials[cluster])
         self.sent += len(nodes)
@@ -260,7 +268,7 @@ class FleetSimulator:
             return 0
         return answer["accepted"]
 
-    def _send_one(self, node: SimNode, now: float) -> int:
+    def _send_one(self, node: TrafficNode, now: float) -> int:
         status, answer = self.http.post("/api/v1/agent/heartbeat", node.report(now), node.credential)
         self.sent += 1
         if status != 200:
@@ -275,9 +283,9 @@ class FleetSimulator:
             started = time.monotonic()
             try:
                 accepted = self.tick()
-                log.debug("simulator sent a round: %d accepted", accepted)
+                log.debug("heartbeat traffic sent a round: %d accepted", accepted)
             except (OSError, http.client.HTTPException) as exc:
-                log.warning("simulator could not reach the server: %s", exc)
+                log.warning("heartbeat traffic could not reach the server: %s", exc)
             self._stop.wait(max(self.interval - (time.monotonic() - started), 0.0))
 
     def stop(self) -> None:
