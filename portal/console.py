@@ -14,9 +14,9 @@ from django.urls import URLPattern, path
 
 from clusters.models import Cluster, Node
 from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
-from scheduling.cycle import RECENT_CYCLES_KEY
+from scheduling.engine.cycle import RECENT_CYCLES_KEY
+from scheduling.engine.policies import active_profile
 from scheduling.models import Job, SchedulerState
-from scheduling.policies import active_profile
 from scheduling.selectors import gpus_by_model
 
 

@@ -280,8 +280,8 @@ ORRERY_NODE_LOST_HANDLER = os.environ.get("ORRERY_NODE_LOST_HANDLER", "schedulin
 ORRERY_AGENT_DESIRED = "scheduling.agentwork.desired_for_node"
 ORRERY_AGENT_REPORTS = "scheduling.agentwork.apply_reports"
 
-# The scheduler (scheduling/policies.py documents the profile).
-# None: the default profile (scheduling.policies.DEFAULT_PROFILE); or a dict of the same shape.
+# The scheduler (scheduling/engine/policies.py documents the profile).
+# None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.
 ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))

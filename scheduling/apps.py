@@ -7,6 +7,6 @@ class SchedulingConfig(AppConfig):
 
     def ready(self) -> None:
         # A bad scheduler profile must stop the process at start-up, not at the first cycle.
-        from scheduling.policies import active_profile
+        from scheduling.engine.policies import active_profile
 
         active_profile()

@@ -12,8 +12,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from clusters.choices import ClusterKind
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
+from scheduling.engine.cache import SchedulerCache
 from scheduling.models import DispatchOutbox, Job
 from scheduling.services.transitions import transition_jobs
 from scheduling.wakeup import wake_simulated

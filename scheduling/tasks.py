@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from clusters.choices import ClusterKind
-from scheduling.cycle import run_cycle
+from scheduling.engine.cycle import run_cycle
 from scheduling.scheduler import advance_simulated_jobs
 
 

@@ -23,9 +23,9 @@ from clusters.models import Cluster, GpuDevice, Node
 from clusters.services.credentials import create_join_token
 from clusters.services.slurm import onboard_slurm
 from scheduling.adapters import ADAPTERS, ClusterAdapter, adapter_for
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Job, JobAttempt
 from scheduling.services.jobs import cancel_job
 from tests.factories import (

@@ -19,9 +19,9 @@ from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSee
 from clusters.services.aggregation import flush_heartbeats
 from clusters.services.lifecycle import run_node_lifecycle
 from clusters.services.slurm import collect, collect_all
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Allocation, Job, JobAttempt
 from scheduling.slurm import dispatch_slurm, sync_slurm
 from tests.factories import ensure_catalog

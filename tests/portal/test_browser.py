@@ -17,9 +17,9 @@ from django.conf import settings
 
 from clusters.choices import ClusterKind, NodeState
 from clusters.models import Node
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Job
 from scheduling.scheduler import advance_simulated_jobs
 from tests.factories import (

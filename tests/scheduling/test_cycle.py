@@ -8,10 +8,10 @@ import time
 import pytest
 from django.db import connection, connections
 
-from scheduling import cycle as cycle_module
-from scheduling.cache import SchedulerCache
 from scheduling.choices import EventKind, JobState, PendingReason
-from scheduling.cycle import LOCK_KEY, run_cycle
+from scheduling.engine import cycle as cycle_module
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import LOCK_KEY, run_cycle
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
 from scheduling.scheduler import advance_simulated_jobs
 from scheduling.services.jobs import cancel_job

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from scheduling.choices import PendingReason
-from scheduling.framework import Placement
-from scheduling.plugins.binpack import Binpack
-from scheduling.plugins.cluster_affinity import ClusterAffinity
-from scheduling.plugins.fair_share import FairShare
-from scheduling.plugins.gang import Gang
-from scheduling.plugins.gpu_model import GpuModel
-from scheduling.plugins.node_state import NodeState
-from scheduling.plugins.priority import Priority
-from scheduling.plugins.quota import Quota
-from scheduling.plugins.resources_fit import ResourcesFit
-from scheduling.plugins.selectors import Selectors
-from scheduling.plugins.spread import Spread
+from scheduling.engine.framework import Placement
+from scheduling.engine.plugins.binpack import Binpack
+from scheduling.engine.plugins.cluster_affinity import ClusterAffinity
+from scheduling.engine.plugins.fair_share import FairShare
+from scheduling.engine.plugins.gang import Gang
+from scheduling.engine.plugins.gpu_model import GpuModel
+from scheduling.engine.plugins.node_state import NodeState
+from scheduling.engine.plugins.priority import Priority
+from scheduling.engine.plugins.quota import Quota
+from scheduling.engine.plugins.resources_fit import ResourcesFit
+from scheduling.engine.plugins.selectors import Selectors
+from scheduling.engine.plugins.spread import Spread
 from tests.scheduling.snapshots import job, node, snapshot, state
 
 SNAP = snapshot(

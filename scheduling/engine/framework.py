@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from scheduling.snapshot import Snapshot
+    from scheduling.engine.snapshot import Snapshot
 
 
 class Code(enum.IntEnum):

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 
 from scheduling.choices import PendingReason
-from scheduling.framework import OK, Code, CycleState, JobView, Status
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import OK, Code, CycleState, JobView, Status
+from scheduling.engine.snapshot import Snapshot
 
 
 class Gang:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.framework import JobView
+from scheduling.engine.framework import JobView
 
 
 def _order(job: JobView) -> tuple[int, float, int]:

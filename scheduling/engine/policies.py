@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduling.framework import (
+from scheduling.engine.framework import (
     FilterPlugin,
     PostFilterPlugin,
     PreFilterPlugin,
@@ -28,7 +28,7 @@ from scheduling.framework import (
     ReservePlugin,
     ScorePlugin,
 )
-from scheduling.registry import REGISTRY
+from scheduling.engine.registry import REGISTRY
 
 DEFAULT_PROFILE: dict[str, Any] = {
     "plugins": [

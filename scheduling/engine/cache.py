@@ -26,10 +26,10 @@ from django.db.models import Max
 from clusters.choices import ClusterState, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from scheduling.choices import JobState
-from scheduling.framework import JobView
+from scheduling.engine.framework import JobView
+from scheduling.engine.queue import PendingQueue
+from scheduling.engine.snapshot import QuotaBook, Snapshot
 from scheduling.models import Allocation, Job, JobEvent, Queue, QueueQuota
-from scheduling.queue import PendingQueue
-from scheduling.snapshot import QuotaBook, Snapshot
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order

@@ -39,11 +39,11 @@ from foundation.performance import collector_paused
 from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
 from scheduling.desired import forget_desired
-from scheduling.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
+from scheduling.engine.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
+from scheduling.engine.policies import Profile, active_profile
+from scheduling.engine.queue import JobClass
 from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
 from scheduling.models import DispatchOutbox, Queue, SchedulerState
-from scheduling.policies import Profile, active_profile
-from scheduling.queue import JobClass
 from scheduling.wakeup import ring_dispatch
 
 log = logging.getLogger(__name__)
