@@ -4,7 +4,6 @@ clusters' runner (jobs placed on a simulated cluster start at once and end after
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,21 +12,9 @@ from django.utils import timezone
 
 from clusters.choices import ClusterKind
 from scheduling.choices import JobState
-from scheduling.engine.cache import SchedulerCache
 from scheduling.models import DispatchOutbox, Job
 from scheduling.services.transitions import transition_jobs
 from scheduling.wakeup import wake_simulated
-
-_cache: SchedulerCache | None = None
-_lock = threading.Lock()
-
-
-def scheduler_cache() -> SchedulerCache:
-    global _cache
-    with _lock:
-        if _cache is None:
-            _cache = SchedulerCache()
-        return _cache
 
 
 def advance_simulated_jobs() -> dict[str, int]:

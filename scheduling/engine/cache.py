@@ -15,6 +15,7 @@ rolls back, the cache is dropped and rebuilt.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -466,3 +467,16 @@ _VIEW_FIELDS = (
 def _cluster_pks(names: list[str], snap: Snapshot) -> list[int]:
     by_name = dict(zip(snap.cluster_names, snap.cluster_ids, strict=True))
     return [by_name[n] for n in names if n in by_name]
+
+
+_cache: SchedulerCache | None = None
+_cache_lock = threading.Lock()
+
+
+def scheduler_cache() -> SchedulerCache:
+    """The process's scheduler cache, created on first use; every cycle of the process shares it."""
+    global _cache
+    with _cache_lock:
+        if _cache is None:
+            _cache = SchedulerCache()
+        return _cache

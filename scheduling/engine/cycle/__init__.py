@@ -39,6 +39,7 @@ from foundation.performance import collector_paused
 from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
 from scheduling.choices import AttemptState, EventKind, JobState, PendingReason
 from scheduling.desired import forget_desired
+from scheduling.engine.cache import scheduler_cache
 from scheduling.engine.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
 from scheduling.engine.policies import Profile, active_profile
 from scheduling.engine.queue import JobClass
@@ -83,8 +84,6 @@ class _Phases:
 
 def run_cycle(cache: Any = None, *, limit: int | None = None) -> CycleReport:
     """Run one cycle; returns what it did. ``cache`` defaults to the process's scheduler cache."""
-    from scheduling.scheduler import scheduler_cache
-
     cache = cache or scheduler_cache()
     report = CycleReport()
     phase = _Phases(report)
