@@ -9,9 +9,10 @@ import pytest
 from django.db import connection, connections
 
 from scheduling.choices import EventKind, JobState, PendingReason
-from scheduling.engine import cycle as cycle_module
 from scheduling.engine.cache import SchedulerCache
-from scheduling.engine.cycle import LOCK_KEY, run_cycle
+from scheduling.engine.cycle import commit as commit_phase
+from scheduling.engine.cycle import run_cycle
+from scheduling.engine.cycle.lock import LOCK_KEY
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
 from scheduling.scheduler import advance_simulated_jobs
 from scheduling.services.jobs import cancel_job
@@ -142,7 +143,7 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
     def crash(*args, **kwargs):
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(cycle_module, "_insert", crash)
+    monkeypatch.setattr(commit_phase, "_insert", crash)
     with pytest.raises(RuntimeError):
         run_cycle(cache)
     job.refresh_from_db()
@@ -155,13 +156,13 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
 
 def test_a_job_cancelled_during_the_cycle_loses_its_placement(alice, queue, fleet, monkeypatch):
     job = make_job(alice, queue, gpus=2)
-    real_claim = cycle_module._claim
+    real_claim = commit_phase._claim
 
     def cancel_first(jobs):
         Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
         return real_claim(jobs)
 
-    monkeypatch.setattr(cycle_module, "_claim", cancel_first)
+    monkeypatch.setattr(commit_phase, "_claim", cancel_first)
     report = run_cycle(SchedulerCache())
     assert (report.placed, report.lost_races) == (0, 1)
     assert not JobAttempt.objects.exists() and not Allocation.objects.exists()

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine.cache import SchedulerCache
-from scheduling.engine.cycle import decide
+from scheduling.engine.cycle.decide import decide
 from scheduling.engine.framework import JobView
 from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
 from scheduling.engine.queue import PendingQueue
