@@ -143,7 +143,7 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
     def crash(*args, **kwargs):
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(commit_phase, "_insert", crash)
+    monkeypatch.setattr(commit_phase, "bulk_insert", crash)
     with pytest.raises(RuntimeError):
         run_cycle(cache)
     job.refresh_from_db()
