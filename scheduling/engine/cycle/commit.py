@@ -53,9 +53,9 @@ def commit(
         for choice in d.nodes:
             node_id = int(snap.node_id[choice.row])
             allocations.append((attempt, job.id, node_id, null, job.cpu, job.memory, yes, at))
-            ids = snap.gpu_ids[choice.row]
+            gpu_ids = snap.gpu_ids[choice.row]
             for i in choice.gpu_indices:
-                allocations.append((attempt, job.id, node_id, ids[i], 0, 0, yes, at))
+                allocations.append((attempt, job.id, node_id, gpu_ids[i], 0, 0, yes, at))
             where.append(f"{snap.names[choice.row]}[{','.join(map(str, choice.gpu_indices))}]")
         message = copy_escape(f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})")
         events.append(

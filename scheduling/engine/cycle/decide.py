@@ -17,7 +17,16 @@ import numpy as np
 
 from scheduling.choices import PendingReason
 from scheduling.engine.cache import SchedulerCache
-from scheduling.engine.framework import Code, CycleState, JobView, NodeChoice, Placement, Status
+from scheduling.engine.framework import (
+    Code,
+    CycleState,
+    JobView,
+    NodeChoice,
+    Placement,
+    ReservePlugin,
+    Shape,
+    Status,
+)
 from scheduling.engine.policies import Profile
 from scheduling.engine.queue import JobClass
 from scheduling.engine.snapshot import Snapshot
@@ -66,7 +75,7 @@ def decide(
 
     heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
     heapq.heapify(heap)
-    masks: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}
+    masks: dict[Shape, tuple[np.ndarray, int]] = {}
     decisions: list[Placement] = []
     blocked: list[Blocked] = []
     counter = len(heap)
@@ -114,7 +123,7 @@ def decide(
 
 def _reserve(profile: Profile, state: CycleState, snap: Snapshot, placement: Placement) -> Status | None:
     """Run every Reserve plugin; if one refuses, undo the ones before it and say why."""
-    done = []
+    done: list[ReservePlugin] = []
     for plugin in profile.reserve:
         status = plugin.reserve(state, snap, placement)
         if not status.ok:
@@ -130,7 +139,7 @@ def _class_mask(
     state: CycleState,
     snap: Snapshot,
     job: JobView,
-    masks: dict[tuple[Any, ...], tuple[np.ndarray, int]],
+    masks: dict[Shape, tuple[np.ndarray, int]],
 ) -> np.ndarray:
     """The class's filter mask over all rows: computed once, then only rows changed since (by
     placements of this cycle) are checked again."""
