@@ -6,7 +6,7 @@ from scheduling.engine.framework import CycleState, JobView
 from scheduling.engine.snapshot import Snapshot
 
 
-class Selectors:
+class NodeSelector:
     """Filter: the node carries every label of the job's ``placement.nodeSelector``."""
 
     name = "selectors"

@@ -6,7 +6,7 @@ from scheduling.engine.framework import CycleState, JobView
 from scheduling.engine.snapshot import Snapshot
 
 
-class GpuModel:
+class GpuModelMatch:
     """Filter: the node's GPUs are the model the job asks for (any node for CPU-only jobs)."""
 
     name = "gpu_model"

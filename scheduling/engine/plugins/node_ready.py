@@ -6,7 +6,7 @@ from scheduling.engine.framework import CycleState, JobView
 from scheduling.engine.snapshot import Snapshot
 
 
-class NodeState:
+class NodeReady:
     """Filter: the node is ready (not cordoned, draining, lost) in a cluster that takes work,
     and — for GPU jobs — has healthy GPUs at all."""
 
