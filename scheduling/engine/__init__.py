@@ -4,6 +4,6 @@
 ``policies`` (profiles), ``plugins/`` (one module per plugin), ``queue`` (pending jobs in
 equivalence classes), ``snapshot`` (the fleet as numpy columns), ``cache`` (snapshot and queue
 kept current from the event logs) and ``cycle/`` (one scheduling cycle, one module per phase).
-Plugins see only the framework and the snapshot; the ORM is read by the cache and written by the
-cycle's commit phase.
+Plugins see only the framework and the snapshot; of the engine, only the cache and the cycle's
+phases touch the database.
 """
