@@ -181,8 +181,8 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
 
 
 def run(workload: dict, say, per_cycle: int) -> dict:
-    from scheduling.cache import SchedulerCache
-    from scheduling.cycle import run_cycle
+    from scheduling.engine.cache import SchedulerCache
+    from scheduling.engine.cycle import run_cycle
 
     cache = SchedulerCache()
     started = time.perf_counter()

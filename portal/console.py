@@ -13,8 +13,8 @@ from django.urls import URLPattern, path
 
 from clusters.selectors import cluster_state_counts, node_state_counts
 from scheduling.choices import ACTIVE_STATES, WAITING_STATES
-from scheduling.cycle import RECENT_CYCLES_KEY
-from scheduling.policies import active_profile
+from scheduling.engine.cycle import RECENT_CYCLES_KEY
+from scheduling.engine.policies import active_profile
 from scheduling.selectors import gpus_by_model, job_state_counts, scheduler_state, waiting_reasons
 
 

@@ -273,8 +273,8 @@ ORRERY_HEARTBEAT_INTERVAL = int(os.environ.get("ORRERY_HEARTBEAT_INTERVAL", 10))
 ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
 
-# The scheduler (scheduling/policies.py documents the profile).
-# None: the default profile (scheduling.policies.DEFAULT_PROFILE); or a dict of the same shape.
+# The scheduler (scheduling/engine/policies.py documents the profile).
+# None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.
 ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))

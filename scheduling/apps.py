@@ -9,7 +9,7 @@ class SchedulingConfig(AppConfig):
         # A bad scheduler profile must stop the process at start-up, not at the first cycle.
         from clusters.ports import register_ports
         from scheduling.dispatch.agent import apply_reports, desired_for_node
-        from scheduling.policies import active_profile
+        from scheduling.engine.policies import active_profile
         from scheduling.selectors import allocated_gpu_counts, busy_node_ids
         from scheduling.services.failover import handle_node_lost
 

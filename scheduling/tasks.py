@@ -4,9 +4,9 @@ from celery import shared_task
 
 from clusters.adapters.base import AdapterError
 from clusters.models import Cluster
-from scheduling.cycle import run_cycle
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
+from scheduling.engine.cycle import run_cycle
 from scheduling.services.failover import sweep_lost_nodes
 
 

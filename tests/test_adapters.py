@@ -26,12 +26,12 @@ from clusters.choices import ClusterKind, NodeState
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.services.credentials import create_join_token
 from clusters.services.onboarding import onboard_slurm
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster
 from scheduling.dispatch.works import load_works
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Job, JobAttempt
 from scheduling.selectors import log_tail
 from scheduling.services.jobs import cancel_job

@@ -20,11 +20,11 @@ from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSee
 from clusters.services.aggregation import flush_heartbeats
 from clusters.services.inventory import take_inventories
 from clusters.services.lifecycle import run_node_lifecycle
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Allocation, Job, JobAttempt
 from tests.factories import ensure_catalog
 from tests.processes import squeue, wait

@@ -198,8 +198,8 @@ def test_the_landing_page_shows_fleet_health(console, world):
 def test_the_scheduler_page_shows_recent_cycles_and_why_jobs_wait(console, alice, queue, node):
     from django.core.cache import cache
 
-    from scheduling.cache import SchedulerCache
-    from scheduling.cycle import RECENT_CYCLES_KEY, run_cycle
+    from scheduling.engine.cache import SchedulerCache
+    from scheduling.engine.cycle import RECENT_CYCLES_KEY, run_cycle
 
     cache.delete(RECENT_CYCLES_KEY)
     make_job(alice, queue, gpus=2)

@@ -17,10 +17,10 @@ from django.conf import settings
 
 from clusters.choices import ClusterKind, NodeState
 from clusters.models import Node
-from scheduling.cache import SchedulerCache
 from scheduling.choices import JobState
-from scheduling.cycle import run_cycle
 from scheduling.dispatch.outbox import drain_outbox
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Job
 from tests.factories import (
     ensure_catalog,

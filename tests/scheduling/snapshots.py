@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.framework import CycleState, JobView
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import CycleState, JobView
+from scheduling.engine.snapshot import Snapshot
 
 MODELS = ["h100-80g", "a100-80g"]
 

@@ -7,10 +7,11 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from scheduling import cycle as cycle_module
-from scheduling.cache import SchedulerCache
 from scheduling.choices import EventKind, JobState, PendingReason
-from scheduling.cycle import LOCK_KEY, run_cycle
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import commit as commit_phase
+from scheduling.engine.cycle import run_cycle
+from scheduling.engine.cycle.lock import LOCK_KEY
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
 from scheduling.services.jobs import cancel_job
 from tests.factories import gpu_model, make_cluster, make_job, make_node, make_queue
@@ -140,7 +141,7 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
     def crash(*args, **kwargs):
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(cycle_module, "bulk_insert", crash)
+    monkeypatch.setattr(commit_phase, "bulk_insert", crash)
     with pytest.raises(RuntimeError):
         run_cycle(cache)
     job.refresh_from_db()
@@ -153,13 +154,13 @@ def test_a_crash_before_commit_leaves_no_trace(alice, queue, fleet, monkeypatch)
 
 def test_a_job_cancelled_during_the_cycle_loses_its_placement(alice, queue, fleet, monkeypatch):
     job = make_job(alice, queue, gpus=2)
-    real_claim = cycle_module._claim
+    real_claim = commit_phase._claim
 
     def cancel_first(jobs):
         Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
         return real_claim(jobs)
 
-    monkeypatch.setattr(cycle_module, "_claim", cancel_first)
+    monkeypatch.setattr(commit_phase, "_claim", cancel_first)
     report = run_cycle(SchedulerCache())
     assert (report.placed, report.lost_races) == (0, 1)
     assert not JobAttempt.objects.exists() and not Allocation.objects.exists()

@@ -11,13 +11,13 @@ from clusters.adapters.base import LogChunk, Phase, RemoteState
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
 from scheduling import wakeup
-from scheduling.cache import SchedulerCache
 from scheduling.choices import EventKind, JobState, PendingReason
-from scheduling.cycle import run_cycle
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.remote import apply_remote_states, past_time_limit, target_state
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
 from scheduling.dispatch.works import load_works
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle import run_cycle
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent
 from scheduling.selectors import log_tail
 from scheduling.services.failover import sweep_lost_nodes

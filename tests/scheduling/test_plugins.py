@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from scheduling.choices import PendingReason
-from scheduling.framework import Placement
-from scheduling.plugins.binpack import Binpack
-from scheduling.plugins.cluster_affinity import ClusterAffinity
-from scheduling.plugins.fair_share import FairShare
-from scheduling.plugins.gang import Gang
-from scheduling.plugins.gpu_model import GpuModel
-from scheduling.plugins.node_state import NodeState
-from scheduling.plugins.priority import Priority
-from scheduling.plugins.quota import Quota
-from scheduling.plugins.resources_fit import ResourcesFit
-from scheduling.plugins.selectors import Selectors
-from scheduling.plugins.spread import Spread
+from scheduling.engine.framework import Placement
+from scheduling.engine.plugins.binpack import Binpack
+from scheduling.engine.plugins.cluster_affinity import ClusterAffinity
+from scheduling.engine.plugins.fair_share import FairShare
+from scheduling.engine.plugins.gang import Gang
+from scheduling.engine.plugins.gpu_model_match import GpuModelMatch
+from scheduling.engine.plugins.node_ready import NodeReady
+from scheduling.engine.plugins.node_selector import NodeSelector
+from scheduling.engine.plugins.priority import Priority
+from scheduling.engine.plugins.quota import Quota
+from scheduling.engine.plugins.resources_fit import ResourcesFit
+from scheduling.engine.plugins.spread import Spread
 from tests.scheduling.snapshots import job, node, snapshot, state
 
 SNAP = snapshot(
@@ -38,17 +38,17 @@ def mask(plugin, j) -> list[bool]:
 @pytest.mark.parametrize(
     "plugin, j, expected",
     [
-        (NodeState(), job(gpus=1), [True, True, False, True, False, True]),
-        (NodeState(), job(gpus=0), [True, True, False, True, True, True]),
-        (GpuModel(), job(gpus=1, model=0), [True, True, True, False, False, True]),
-        (GpuModel(), job(gpus=1, model=1), [False, False, False, True, False, False]),
-        (GpuModel(), job(gpus=0), [True] * 6),
+        (NodeReady(), job(gpus=1), [True, True, False, True, False, True]),
+        (NodeReady(), job(gpus=0), [True, True, False, True, True, True]),
+        (GpuModelMatch(), job(gpus=1, model=0), [True, True, True, False, False, True]),
+        (GpuModelMatch(), job(gpus=1, model=1), [False, False, False, True, False, False]),
+        (GpuModelMatch(), job(gpus=0), [True] * 6),
         (ResourcesFit(), job(gpus=4), [True, False, True, True, False, True]),
         (ResourcesFit(), job(gpus=2, cpu=2_000), [True, True, True, True, False, False]),
         (ResourcesFit(), job(gpus=0, cpu=100_000), [False, False, False, False, True, False]),
-        (Selectors(), job(selector=(("rack", "r1"),)), [False, False, False, False, False, True]),
-        (Selectors(), job(selector=(("rack", "r1"), ("zone", "a"))), [False] * 6),
-        (Selectors(), job(), [True] * 6),
+        (NodeSelector(), job(selector=(("rack", "r1"),)), [False, False, False, False, False, True]),
+        (NodeSelector(), job(selector=(("rack", "r1"), ("zone", "a"))), [False] * 6),
+        (NodeSelector(), job(), [True] * 6),
         (ClusterAffinity(), job(clusters=(1,)), [False, False, False, True, False, False]),
         (ClusterAffinity(), job(clusters=()), [True] * 6),
         (ClusterAffinity(), job(clusters=(-1,)), [False] * 6),
@@ -77,16 +77,16 @@ def test_filters(plugin, j, expected):
 def test_filters_answer_for_the_rows_asked():
     rows = np.array([5, 0])
     assert ResourcesFit().filter(state(), SNAP, job(gpus=4), rows).tolist() == [True, True]
-    assert NodeState().filter(state(), SNAP, job(gpus=1), np.array([2])).tolist() == [False]
+    assert NodeReady().filter(state(), SNAP, job(gpus=1), np.array([2])).tolist() == [False]
 
 
 @pytest.mark.parametrize(
     "plugin, words",
     [
-        (NodeState(), "3 not ready"),
-        (GpuModel(), "3 have no h100-80g"),
+        (NodeReady(), "3 not ready"),
+        (GpuModelMatch(), "3 have no h100-80g"),
         (ResourcesFit(), "3 lack 4 free h100-80g"),
-        (Selectors(), "3 do not match rack=r1"),
+        (NodeSelector(), "3 do not match rack=r1"),
         (ClusterAffinity(), "3 are in other clusters"),
     ],
 )

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduling.cycle import select
-from scheduling.policies import DEFAULT_PROFILE, build_profile
-from scheduling.registry import REGISTRY
+from scheduling.engine.cycle.decide import select
+from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
+from scheduling.engine.registry import REGISTRY
 from tests.scheduling.snapshots import job, node, snapshot, state
 
 

@@ -8,11 +8,11 @@ from collections import Counter, defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.cache import SchedulerCache
-from scheduling.cycle import decide
-from scheduling.framework import JobView
-from scheduling.policies import DEFAULT_PROFILE, build_profile
-from scheduling.queue import PendingQueue
+from scheduling.engine.cache import SchedulerCache
+from scheduling.engine.cycle.decide import decide
+from scheduling.engine.framework import JobView
+from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
+from scheduling.engine.queue import PendingQueue
 from tests.scheduling.snapshots import node, snapshot
 
 PROFILE = build_profile(DEFAULT_PROFILE)

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduling.framework import CycleState, JobView
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import CycleState, JobView
+from scheduling.engine.snapshot import Snapshot
 
 
-class Selectors:
+class NodeSelector:
     """Filter: the node carries every label of the job's ``placement.nodeSelector``."""
 
     name = "selectors"

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduling.framework import CycleState, JobView
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import CycleState, JobView
+from scheduling.engine.snapshot import Snapshot
 
 
-class GpuModel:
+class GpuModelMatch:
     """Filter: the node's GPUs are the model the job asks for (any node for CPU-only jobs)."""
 
     name = "gpu_model"

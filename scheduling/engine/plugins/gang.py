@@ -3,14 +3,14 @@ from __future__ import annotations
 import numpy as np
 
 from scheduling.choices import PendingReason
-from scheduling.framework import OK, Code, CycleState, JobView, Status
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import OK, Code, CycleState, JobView, Status
+from scheduling.engine.snapshot import Snapshot
 
 
 class Gang:
     """PreFilter: a multi-node job must find all its nodes in one cluster, or none. This checks
     that some cluster has at least that many nodes of the model at all; the cycle's selection
-    then places all tasks in one decision or none (``cycle.select``)."""
+    then places all tasks in one decision or none (``cycle.decide.select``)."""
 
     name = "gang"
 

@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduling.framework import (
+from scheduling.engine.framework import (
     FilterPlugin,
     PostFilterPlugin,
     PreFilterPlugin,
@@ -28,7 +28,7 @@ from scheduling.framework import (
     ReservePlugin,
     ScorePlugin,
 )
-from scheduling.registry import REGISTRY
+from scheduling.engine.registry import REGISTRY
 
 DEFAULT_PROFILE: dict[str, Any] = {
     "plugins": [
@@ -50,12 +50,14 @@ DEFAULT_PROFILE: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Profile:
-    queue_sort: tuple[Any, ...] = ()
-    pre_filter: tuple[Any, ...] = ()
-    filter: tuple[Any, ...] = ()
-    score: tuple[tuple[Any, float], ...] = ()
-    reserve: tuple[Any, ...] = ()
-    post_filter: tuple[Any, ...] = ()
+    """The plugins of each extension point, in profile order; scorers with their weights."""
+
+    queue_sort: tuple[QueueSortPlugin, ...] = ()
+    pre_filter: tuple[PreFilterPlugin, ...] = ()
+    filter: tuple[FilterPlugin, ...] = ()
+    score: tuple[tuple[ScorePlugin, float], ...] = ()
+    reserve: tuple[ReservePlugin, ...] = ()
+    post_filter: tuple[PostFilterPlugin, ...] = ()
     names: tuple[str, ...] = field(default=())
 
 

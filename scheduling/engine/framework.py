@@ -14,13 +14,14 @@ class and then only about rows that changed.
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from scheduling.snapshot import Snapshot
+    from scheduling.engine.snapshot import Snapshot
 
 
 class Code(enum.IntEnum):
@@ -41,6 +42,11 @@ class Status:
 
 
 OK = Status()
+
+
+# What makes jobs interchangeable to every filter (``JobView.shape``): queue, nodes, GPUs per
+# node, model, cpu, memory, allowed clusters, node selector. Jobs of one shape form one class.
+Shape = tuple[int, int, int, int, int, int, tuple[int, ...], tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class JobView:
     def total_gpus(self) -> int:
         return self.nodes * self.gpus
 
-    def shape(self) -> tuple[Any, ...]:
+    def shape(self) -> Shape:
         """Jobs with equal shapes are interchangeable to every filter: one equivalence class."""
         return (
             self.queue_id,
@@ -98,7 +104,7 @@ class CycleState:
     """Scratch space of one cycle, shared by plugins (keyed by plugin name)."""
 
     epoch: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[Hashable, Any] = field(default_factory=dict)
 
 
 # --- extension points -----------------------------------------------------------------------

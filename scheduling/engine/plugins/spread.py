@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduling.framework import CycleState, JobView
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import CycleState, JobView
+from scheduling.engine.snapshot import Snapshot
 
 
 class Spread:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from scheduling.framework import JobView
+from scheduling.engine.framework import JobView, Shape
 
 
 def _order(job: JobView) -> tuple[int, float, int]:
@@ -22,7 +21,7 @@ def _order(job: JobView) -> tuple[int, float, int]:
 
 @dataclass
 class JobClass:
-    shape: tuple[Any, ...]
+    shape: Shape
     jobs: list[tuple[tuple[int, float, int], JobView]] = field(default_factory=list)
 
     @property
@@ -35,11 +34,11 @@ class JobClass:
 
 class PendingQueue:
     def __init__(self) -> None:
-        self.classes: dict[tuple[Any, ...], JobClass] = {}
+        self.classes: dict[Shape, JobClass] = {}
         self.jobs: dict[int, JobView] = {}
 
     def load(self, jobs: Iterable[JobView]) -> None:
-        grouped: dict[tuple[Any, ...], list[tuple[tuple[int, float, int], JobView]]] = {}
+        grouped: dict[Shape, list[tuple[tuple[int, float, int], JobView]]] = {}
         for job in jobs:
             self.jobs[job.id] = job
             grouped.setdefault(job.shape(), []).append((_order(job), job))

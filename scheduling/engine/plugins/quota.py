@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from scheduling.choices import PendingReason
-from scheduling.framework import OK, Code, CycleState, JobView, Placement, Status
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import OK, Code, CycleState, JobView, Placement, Status
+from scheduling.engine.snapshot import Snapshot
 
 
 class Quota:

@@ -15,24 +15,29 @@ rolls back, the cache is dropped and rebuilt.
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 
 from clusters.choices import ClusterState, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from scheduling.choices import JobState
-from scheduling.framework import JobView
+from scheduling.engine.framework import JobView, Shape, Status
+from scheduling.engine.queue import PendingQueue
+from scheduling.engine.snapshot import QuotaBook, Snapshot
 from scheduling.models import Allocation, Job, JobEvent, Queue, QueueQuota
-from scheduling.queue import PendingQueue
-from scheduling.snapshot import QuotaBook, Snapshot
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
+HeldRow = tuple[int, int | None, int, int]  # an active allocation: node id, GPU id or None, cpu, memory
 
 
 @dataclass
@@ -59,12 +64,14 @@ class SchedulerCache:
         self.job_cursor = 0
         self.node_cursor = 0
         self.built_at = 0.0
-        self.explained: dict[tuple, tuple] = {}  # class shape → (reason, message), when, jobs
-        self.verdicts: dict[tuple, tuple] = {}  # class shape → (snapshot, its version, Status)
+        # class shape → ((reason, message), when finished, jobs, jobs told so far)
+        self.explained: dict[Shape, tuple[tuple[str, str], float, int, int]] = {}
+        # class shape → (snapshot, its version, Status): a verdict holds while the snapshot does
+        self.verdicts: dict[Shape, tuple[Snapshot, int, Status]] = {}
         self.seen_events: set[int] = set()  # event ids already applied, within the re-read window
         self.seen_node_events: set[int] = set()
         self.usable_clusters: set[int] = set()
-        self.placed_by_us: set[str] = set()  # attempts this process placed, until their events are read
+        self.placed_by_us: set[uuid.UUID] = set()  # attempts this process placed, until their events are read
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:
@@ -194,7 +201,15 @@ class SchedulerCache:
             book.borrowing_limit[(queue_id, model_index[model_id])] = limit
         return book
 
-    def _count(self, job_id: int, rows, row_of, gpu_index, queue_id: int, model: int) -> None:
+    def _count(
+        self,
+        job_id: int,
+        rows: list[HeldRow],
+        row_of: dict[int, int],
+        gpu_index: dict[int, tuple[int, int]],
+        queue_id: int,
+        model: int,
+    ) -> None:
         snap = self.snap
         assert snap is not None
         counted = []
@@ -274,7 +289,7 @@ class SchedulerCache:
         usable = set(Cluster.objects.filter(state__in=SCHEDULABLE_CLUSTERS).values_list("pk", flat=True))
         ids = {n for _, n in node_events}
         if usable != self.usable_clusters:
-            ids |= set(self.snap.row_of)  # a cluster changed state: every node's readiness may have
+            ids |= set(snap.row_of)  # a cluster changed state: every node's readiness may have
             self.usable_clusters = usable
         if node_events:
             self.node_cursor = max(self.node_cursor, max(e for e, _ in node_events))
@@ -359,7 +374,9 @@ class SchedulerCache:
             else:
                 self.queue.remove(job_id)
 
-    def assume(self, job: JobView, rows_and_indices, queue_id: int) -> None:
+    def assume(
+        self, job: JobView, rows_and_indices: Iterable[tuple[int, tuple[int, ...]]], queue_id: int
+    ) -> None:
         """Count a decision of this cycle before it is committed (Kubernetes' AssumePod)."""
         snap = self.snap
         assert snap is not None
@@ -386,13 +403,13 @@ class SchedulerCache:
         self.queue.upsert(job)
 
     # --- pending jobs -------------------------------------------------------------------------
-    def _views(self, jobs) -> list[JobView]:
+    def _views(self, jobs: QuerySet[Job]) -> list[JobView]:
         return [self._view_from_row(row) for row in jobs.values_list(*_VIEW_FIELDS)]
 
     def _view(self, job: Job) -> JobView:
         return self._view_from_row(tuple(getattr(job, f) for f in _VIEW_FIELDS))
 
-    def _view_from_row(self, row: tuple) -> JobView:
+    def _view_from_row(self, row: tuple[Any, ...]) -> JobView:
         snap = self.snap
         assert snap is not None
         (
@@ -466,3 +483,16 @@ _VIEW_FIELDS = (
 def _cluster_pks(names: list[str], snap: Snapshot) -> list[int]:
     by_name = dict(zip(snap.cluster_names, snap.cluster_ids, strict=True))
     return [by_name[n] for n in names if n in by_name]
+
+
+_cache: SchedulerCache | None = None
+_cache_lock = threading.Lock()
+
+
+def scheduler_cache() -> SchedulerCache:
+    """The process's scheduler cache, created on first use; every cycle of the process shares it."""
+    global _cache
+    with _cache_lock:
+        if _cache is None:
+            _cache = SchedulerCache()
+        return _cache

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduling.framework import OK, CycleState, JobView, Placement, Status
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import OK, CycleState, JobView, Placement, Status
+from scheduling.engine.snapshot import Snapshot
 
 
 class FairShare:

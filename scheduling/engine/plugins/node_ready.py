@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduling.framework import CycleState, JobView
-from scheduling.snapshot import Snapshot
+from scheduling.engine.framework import CycleState, JobView
+from scheduling.engine.snapshot import Snapshot
 
 
-class NodeState:
+class NodeReady:
     """Filter: the node is ready (not cordoned, draining, lost) in a cluster that takes work,
     and — for GPU jobs — has healthy GPUs at all."""
 

@@ -1,0 +1,143 @@
+"""Phase 4 of a cycle: write the decisions, in the cycle's transaction.
+
+First a compare-and-set of every placed job PENDING → SCHEDULED in one statement (a job
+cancelled meanwhile loses its placement), then bulk inserts of attempts, allocations, events
+and outbox rows (``COPY`` on PostgreSQL). A crash before the transaction commits leaves no
+trace; the dispatcher is rung and subscribers told only once it has.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from foundation.live import publish_on_commit
+from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
+from scheduling.choices import AttemptState, EventKind, JobState
+from scheduling.dispatch.desired import forget_desired
+from scheduling.engine.framework import JobView, Placement
+from scheduling.engine.snapshot import Snapshot
+from scheduling.events import JobsScheduled
+from scheduling.models import DispatchOutbox
+from scheduling.wakeup import ring_dispatch
+
+
+def commit(
+    decisions: list[Placement], snap: Snapshot, epoch: int
+) -> tuple[list[Placement], list[JobView], list[uuid.UUID]]:
+    """Write every decision in the current transaction; returns (placed, jobs that lost a race,
+    the new attempts' ids)."""
+    if not decisions:
+        return [], [], []
+    won = _claim([d.job for d in decisions])
+    placed = [d for d in decisions if d.job.id in won]
+    lost = [d.job for d in decisions if d.job.id not in won]
+    if not placed:
+        return [], lost, []
+    now = timezone.now()
+    # Rows are built text-ready for COPY (one string per timestamp and attempt id, "t" for
+    # true, NULL as \N); ``bulk_insert`` turns them back into values for SQLite.
+    at, yes, null = now.isoformat(), TRUE, NULL
+    attempts, allocations, events, outbox = [], [], [], []
+    for d in placed:
+        job = d.job
+        attempt = str(uuid.uuid4())
+        cluster_id = snap.cluster_ids[d.cluster]
+        attempts.append(
+            (attempt, job.id, job.attempts + 1, cluster_id, AttemptState.SCHEDULED, yes, epoch, "", "", at)
+        )
+        where = []
+        for choice in d.nodes:
+            node_id = int(snap.node_id[choice.row])
+            allocations.append((attempt, job.id, node_id, null, job.cpu, job.memory, yes, at))
+            gpu_ids = snap.gpu_ids[choice.row]
+            for i in choice.gpu_indices:
+                allocations.append((attempt, job.id, node_id, gpu_ids[i], 0, 0, yes, at))
+            where.append(f"{snap.names[choice.row]}[{','.join(map(str, choice.gpu_indices))}]")
+        message = copy_escape(f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})")
+        events.append(
+            (job.id, attempt, at, EventKind.TRANSITION, JobState.PENDING, JobState.SCHEDULED, "", message)
+        )
+        outbox.append(
+            (attempt, cluster_id, DispatchOutbox.Kind.START, DispatchOutbox.State.PENDING, epoch, at, 0, "")
+        )
+    bulk_insert(
+        "scheduling_jobattempt",
+        [
+            "id",
+            "job_id",
+            "number",
+            "cluster_id",
+            "state",
+            "active",
+            "epoch",
+            "remote_id",
+            "reason",
+            "created_at",
+        ],
+        attempts,
+    )
+    bulk_insert(
+        "scheduling_allocation",
+        [
+            "attempt_id",
+            "job_id",
+            "node_id",
+            "gpu_id",
+            "cpu_millicores",
+            "memory_bytes",
+            "active",
+            "allocated_at",
+        ],
+        allocations,
+    )
+    bulk_insert(
+        "scheduling_jobevent",
+        ["job_id", "attempt_id", "at", "kind", "from_state", "to_state", "reason", "message"],
+        events,
+    )
+    bulk_insert(
+        "scheduling_dispatchoutbox",
+        ["attempt_id", "cluster_id", "kind", "state", "epoch", "created_at", "tries", "last_error"],
+        outbox,
+    )
+    placed_nodes = sorted({int(snap.node_id[c.row]) for d in placed for c in d.nodes})
+    transaction.on_commit(lambda: forget_desired(placed_nodes))
+    ring_dispatch()
+    by_project: dict[int, list[int]] = defaultdict(list)
+    for d in placed:
+        by_project[d.job.project_id].append(d.job.id)
+    for project_id, ids in by_project.items():
+        publish_on_commit([f"project.{project_id}"], JobsScheduled(project_id, ids[:100], len(ids), epoch))
+    return placed, lost, [uuid.UUID(row[0]) for row in attempts]
+
+
+def _claim(jobs: list[JobView]) -> set[int]:
+    """Compare-and-set PENDING → SCHEDULED for all placed jobs at once; returns the winners."""
+    ids = [j.id for j in jobs]
+    with connection.cursor() as cursor:
+        if is_postgresql():
+            cursor.execute(
+                """
+                UPDATE scheduling_job j SET state = %s, version = j.version + 1, attempt_count = j.attempt_count + 1,
+                    reason = '', reason_message = ''
+                FROM unnest(%s::bigint[]) AS v(id)
+                WHERE j.id = v.id AND j.state = %s
+                RETURNING j.id
+                """,
+                [JobState.SCHEDULED, pg_array(ids), JobState.PENDING],
+            )
+            return {row[0] for row in cursor.fetchall()}
+        won = set()
+        for job_id in ids:
+            cursor.execute(
+                "UPDATE scheduling_job SET state = %s, version = version + 1, attempt_count = attempt_count + 1, "
+                "reason = '', reason_message = '' WHERE id = %s AND state = %s",
+                [JobState.SCHEDULED, job_id, JobState.PENDING],
+            )
+            if cursor.rowcount == 1:
+                won.add(job_id)
+        return won

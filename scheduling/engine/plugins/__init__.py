@@ -1,0 +1,1 @@
+"""Scheduler plugins, one module each; registered by name in ``scheduling.engine.registry``."""

@@ -1,1 +1,0 @@
-"""Scheduler plugins, one module each; registered by name in ``scheduling.registry``."""
