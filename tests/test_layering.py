@@ -1,4 +1,6 @@
-"""Dependencies point one way: portal → scheduling → clusters → foundation."""
+"""Dependencies point one way: portal → scheduling → clusters → foundation; a scheduler plugin
+sees only the framework, the snapshot and the choices; and no module imports itself back through
+any chain of imports, function-local ones included."""
 
 from __future__ import annotations
 
@@ -123,4 +125,104 @@ def test_the_plugin_check_catches_a_forbidden_import(tmp_path):
         "scheduling/engine/plugins/bad.py:7 imports scheduling.engine.plugins.gang",
         "scheduling/engine/plugins/bad.py:8 imports scheduling.engine.cache",
         "scheduling/engine/plugins/bad.py:10 imports scheduling.engine.cycle.decide.select",
+    ]
+
+
+# No import circle anywhere in the project. An import hidden inside a function still closes a
+# circle (it only delays it), so every import statement counts, wherever it stands.
+APPS = ("foundation", "clusters", "scheduling", "portal")
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    modules = {}
+    for app in APPS:
+        for path in (root / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module → the project modules it imports (``from a import b`` is ``a.b`` when ``b`` is a
+    module, else ``a``)."""
+    modules = project_modules(root)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {known(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = (
+                    ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+                    if node.level
+                    else node.module or ""
+                )
+                targets |= {known(f"{base}.{alias.name}") or known(base) for alias in node.names}
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def import_circles(root: Path = ROOT) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_anywhere():
+    assert import_circles() == []
+
+
+def test_the_circle_check_sees_through_function_local_imports(tmp_path):
+    (tmp_path / "scheduling" / "dispatch").mkdir(parents=True)
+    (tmp_path / "scheduling" / "__init__.py").write_text("")
+    (tmp_path / "scheduling" / "dispatch" / "__init__.py").write_text("")
+    (tmp_path / "scheduling" / "wakeup.py").write_text(
+        "def ring():\n    from scheduling.tasks import drain\n"  # hidden in a function
+    )
+    (tmp_path / "scheduling" / "tasks.py").write_text("from scheduling.dispatch import outbox\n")
+    (tmp_path / "scheduling" / "dispatch" / "outbox.py").write_text("from ..wakeup import ring\n")
+    (tmp_path / "scheduling" / "models.py").write_text("import os\n")
+    assert import_circles(tmp_path) == [
+        ["scheduling.dispatch.outbox", "scheduling.tasks", "scheduling.wakeup"]
     ]

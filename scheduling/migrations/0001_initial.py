@@ -412,7 +412,7 @@ class Migration(migrations.Migration):
             model_name="job",
             name="queue",
             field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="jobs", to="scheduling.engine.queue"
+                on_delete=django.db.models.deletion.PROTECT, related_name="jobs", to="scheduling.queue"
             ),
         ),
         migrations.CreateModel(
@@ -439,7 +439,7 @@ class Migration(migrations.Migration):
                     models.ForeignKey(
                         on_delete=django.db.models.deletion.CASCADE,
                         related_name="quotas",
-                        to="scheduling.engine.queue",
+                        to="scheduling.queue",
                     ),
                 ),
             ],
