@@ -1,4 +1,4 @@
-"""The unified resource model: GpuModel, Cluster, Node, GpuDevice (DESIGN.md §2).
+"""The unified resource model: GpuModel, Cluster, Node, GpuDevice.
 
 Capacities are stored in integer base units (cpu millicores, memory bytes, GPU memory MiB) and
 guarded by check constraints, so no code path can write a negative or inconsistent capacity.

@@ -2,7 +2,7 @@
 agent API.
 
 A load and demo tool, not a cluster adapter: the clusters it creates are of kind ``simulated``,
-whose jobs the scheduler runs in-process (``scheduling.scheduler.advance_simulated_jobs``); this
+whose jobs run in-process through their adapter (``clusters.adapters.simulated``); this
 module only sends their nodes' registrations and heartbeats. Used by ``manage.py simulate_fleet``
 and by ``make demo`` (a small fleet). It runs next to the server: it creates its clusters and
 their credentials directly (as an operator would in the console), then registers nodes and

@@ -1,4 +1,4 @@
-"""Live dashboards over websockets (DESIGN.md §7).
+"""Live dashboards over websockets.
 
 Each consumer authenticates with the session (``AuthMiddlewareStack``; the ASGI app also checks
 the Origin against ``ALLOWED_HOSTS``), decides what the user may see, joins the channel-layer

@@ -1,4 +1,4 @@
-"""Tenancy: projects, their members, and personal API tokens (DESIGN.md §3).
+"""Tenancy: projects, their members, and personal API tokens.
 
 Operators are Django staff users; they see and act on everything.
 """

@@ -89,7 +89,7 @@ ATTEMPT_STATE_FOR: dict[str, str] = {
 
 
 class FailoverPolicy(models.TextChoices):
-    """What happens to a job whose node is lost (DESIGN.md §2)."""
+    """What happens to a job whose node is lost."""
 
     REQUEUE = "requeue", "Requeue on another node"
     HOLD = "hold", "Hold for an operator"

@@ -1,4 +1,4 @@
-"""Queues, jobs, attempts, allocations and the append-only job history (DESIGN.md §4).
+"""Queues, jobs, attempts, allocations and the append-only job history.
 
 The invariants that must never break are enforced by the database, not by the code above it:
 

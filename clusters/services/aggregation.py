@@ -1,4 +1,4 @@
-"""The aggregation pass: from the heartbeat buffer to PostgreSQL in bulk (DESIGN.md §2).
+"""The aggregation pass: from the heartbeat buffer to PostgreSQL in bulk.
 
 Each pass takes the latest record of every node reported since the last pass and, in one
 transaction,

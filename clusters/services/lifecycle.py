@@ -1,4 +1,4 @@
-"""Node lifecycle on server time (DESIGN.md §2), run every few seconds.
+"""Node lifecycle on server time, run every few seconds.
 
 ::
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.core.cache import cache
 
-from clusters.adapters.base import AdapterError, Phase, RemoteState
+from clusters.adapters.base import AdapterError, Orphan, Phase, RemoteState
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from scheduling.dispatch.remote import apply_remote_states, past_time_limit
@@ -32,9 +33,6 @@ log = logging.getLogger(__name__)
 class SyncCounts:
     moved: int  # jobs whose state changed
     cancelled: int  # jobs stopped on the cluster (past their limit, or no longer Orrery's)
-
-    def __bool__(self) -> bool:
-        return True  # a sync that ran, whatever it changed (``wait(lambda: sync_cluster(c) and …)``)
 
 
 def sync_cluster(cluster: Cluster) -> SyncCounts:
@@ -68,10 +66,10 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
     return SyncCounts(moved, cancelled)
 
 
-def _withdraw(cluster: Cluster, orphans: object) -> int:
+def _withdraw(cluster: Cluster, orphans: Sequence[Orphan]) -> int:
     """Cancel the cluster's jobs for attempts Orrery made and no longer runs there."""
     names = {}
-    for orphan in orphans:  # type: ignore[attr-defined]
+    for orphan in orphans:
         try:
             names[uuid.UUID(orphan.attempt_id)] = orphan.remote_id
         except ValueError:

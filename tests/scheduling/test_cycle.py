@@ -14,7 +14,7 @@ from scheduling.engine.cycle import run_cycle
 from scheduling.engine.cycle.lock import LOCK_KEY
 from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEvent, QueueQuota
 from scheduling.services.jobs import cancel_job
-from tests.factories import gpu_model, make_cluster, make_job, make_node, make_queue
+from tests.factories import gpu_model, make_job, make_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +25,6 @@ def submit(owner, queue, **fields):
     job = make_job(owner, queue, **fields)
     JobEvent.objects.create(job=job, kind=EventKind.SUBMITTED, to_state=JobState.PENDING)
     return job
-
-
-@pytest.fixture
-def fleet():
-    a, b = make_cluster("sim-a"), make_cluster("sim-b")
-    return [make_node(a, gpus=8, name=f"a{i}") for i in range(2)] + [make_node(b, gpus=8, name="b0")]
 
 
 def test_a_cycle_places_a_job_on_exact_gpus_in_one_transaction(alice, queue, fleet):

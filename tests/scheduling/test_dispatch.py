@@ -22,21 +22,9 @@ from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEv
 from scheduling.selectors import log_tail
 from scheduling.services.failover import sweep_lost_nodes
 from scheduling.services.logs import store_log
-from tests.factories import make_cluster, make_job, make_node
+from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(owner, queue, **fields):
-    job = make_job(owner, queue, **fields)
-    JobEvent.objects.create(job=job, kind=EventKind.SUBMITTED, to_state=JobState.PENDING)
-    return job
-
-
-@pytest.fixture
-def fleet():
-    a, b = make_cluster("sim-a"), make_cluster("sim-b")
-    return [make_node(a, gpus=8, name=f"a{i}") for i in range(2)] + [make_node(b, gpus=8, name="b0")]
 
 
 def sync_simulated() -> int:
@@ -214,7 +202,7 @@ def test_time_limits_are_enforced_to_the_second(phase, started_ago, limit, expec
 
 
 def test_log_chunks_are_bytes_and_a_resend_keeps_only_what_is_new(alice, queue, fleet):
-    job = submit(alice, queue, gpus=1)
+    job = make_job(alice, queue, gpus=1)
     run_cycle(SchedulerCache())
     attempt = attempt_of(job)
     node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node__name", flat=True).get()
@@ -227,7 +215,7 @@ def test_log_chunks_are_bytes_and_a_resend_keeps_only_what_is_new(alice, queue, 
 
 
 def test_a_gap_in_the_output_is_marked_and_an_unknown_attempt_is_refused(alice, queue, fleet):
-    job = submit(alice, queue, gpus=1)
+    job = make_job(alice, queue, gpus=1)
     run_cycle(SchedulerCache())
     store_log(LogChunk(attempt_of(job), "a0", 10, "late\n"))
     assert log_tail(job.pk, 10) == (["[… 10 bytes not received …]", "late"], False)
@@ -235,7 +223,7 @@ def test_a_gap_in_the_output_is_marked_and_an_unknown_attempt_is_refused(alice, 
 
 
 def test_the_failover_sweep_decides_jobs_left_on_a_down_node(alice, queue, fleet):
-    job = submit(alice, queue, gpus=1)
+    job = make_job(alice, queue, gpus=1)
     run_cycle(SchedulerCache())
     node = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
     Node.objects.filter(pk=node).update(state=NodeState.DOWN)  # the on-commit handler never ran
