@@ -1,5 +1,7 @@
 """Thin Celery tasks over the scheduler and the dispatcher (beat schedule in settings)."""
 
+import logging
+
 from celery import shared_task
 
 from clusters.adapters.base import AdapterError
@@ -8,6 +10,8 @@ from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
 from scheduling.engine.cycle import run_cycle
 from scheduling.services.failover import sweep_lost_nodes
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -32,8 +36,9 @@ def sync_cluster_task(cluster_id: int) -> int:
         return 0
     try:
         return sync_cluster(cluster).moved
-    except AdapterError:
-        return 0  # the periodic pass logs it and tries again
+    except AdapterError as exc:
+        log.warning("%s cluster %s: %s", cluster.kind, cluster.name, exc)
+        return 0  # the periodic pass tries again
 
 
 @shared_task(ignore_result=True)

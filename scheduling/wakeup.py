@@ -71,8 +71,12 @@ def ring_dispatch() -> None:
 
 
 def _ring() -> None:
+    """At most one drain now per second, and one more half a second later for rows placed
+    meanwhile (the trailing cycle's placements start then, not at the next sweep)."""
     try:
         if cache.add("orrery:dispatch-requested", 1, timeout=1):
             _send(DISPATCH_TASK, expires=10)
+        elif cache.add("orrery:dispatch-requested:trailing", 1, timeout=1):
+            _send(DISPATCH_TASK, countdown=0.5, expires=10)
     except Exception:
         log.warning("could not ring the dispatcher", exc_info=True)

@@ -200,8 +200,8 @@ def test_a_delivery_made_again_finds_what_it_created(world):
     job = world.job("sleep 300", seconds=300)
     assert run_cycle(SchedulerCache()).placed == 1
     works = load_works(JobAttempt.objects.filter(job=job).values_list("pk", flat=True))
-    first = world.adapter.dispatch(world.cluster, works)
-    again = world.adapter.dispatch(world.cluster, works)  # a drain that died before recording
+    first = list(world.adapter.dispatch(world.cluster, works))
+    again = list(world.adapter.dispatch(world.cluster, works))  # a drain that died before recording
     assert [s.error for s in first + again] == ["", ""]
     assert first[0].remote_id == again[0].remote_id
     if world.cluster.kind == ClusterKind.SLURM:

@@ -12,8 +12,10 @@ The operations, each idempotent:
 * ``inventory(cluster)`` refreshes the cluster's nodes and GPUs (pulled from the cluster's own
   API where it has one; native and simulated nodes report themselves through the agent API)
   and says what it saw;
-* ``dispatch(cluster, works)`` starts each attempt on the nodes chosen for it. The remote job is
-  named after the attempt id, so a delivery retried after a crash finds what it already created;
+* ``dispatch(cluster, works)`` starts each attempt on the nodes chosen for it and yields a
+  ``Sent`` for each as soon as it is known (the dispatcher records them as they come, so a crash
+  mid-batch forgets little). The remote job is named after the attempt id, so a delivery
+  retried after a crash finds what it already created;
 * ``sync(cluster, works)`` reads the cluster's view of the attempts Orrery considers active
   there (``works``), plus the jobs it still runs for attempts Orrery no longer wants
   (``Synced.orphans``: the dispatcher cancels those — cancelling is level-triggered);
@@ -26,7 +28,7 @@ the contract suite (``tests/test_adapters.py``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -76,7 +78,7 @@ class Simulation:
 class Work:
     """One attempt as its cluster must run it: where, what, for how long.
 
-    ``shares`` are ordered by node name (a gang's head first). ``remote_id`` is the cluster's own
+    ``shares`` are ordered by node id: the first is a gang's head (rank 0). ``remote_id`` is the cluster's own
     id once dispatched; ``started_at`` (epoch seconds) is set once the attempt runs.
     """
 
@@ -184,7 +186,7 @@ class ClusterAdapter(Protocol):
 
     def inventory(self, cluster: Cluster) -> Inventory: ...
 
-    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> list[Sent]: ...
+    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterable[Sent]: ...
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced: ...
 

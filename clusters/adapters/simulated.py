@@ -22,7 +22,7 @@ from clusters.models import Cluster
 class SimulatedAdapter:
     kind: ClassVar[str] = ClusterKind.SIMULATED
     pulls_inventory: ClassVar[bool] = False
-    dispatch_batch: ClassVar[int] = 5000
+    dispatch_batch: ClassVar[int] = 20_000  # as many as one cycle places
     sync_every_s: ClassVar[float | None] = 1.0
 
     def inventory(self, cluster: Cluster) -> Inventory:

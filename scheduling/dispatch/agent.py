@@ -19,69 +19,53 @@ from django.core.cache import cache
 
 from clusters.adapters.base import LogChunk, Phase, RemoteState
 from clusters.models import Node
-from scheduling.choices import JobState
+from scheduling.choices import ACTIVE_STATES
 from scheduling.dispatch.desired import TTL_S, desired_key
 from scheduling.dispatch.remote import apply_remote_states
-from scheduling.dispatch.works import shell_command
+from scheduling.dispatch.works import load_works
 from scheduling.models import Allocation, JobAttempt
 from scheduling.services.logs import store_log
-
-RUNNING_ON_NODE = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING)
 
 
 def desired_for_node(node_id: int) -> list[dict[str, Any]]:
     cached = cache.get(desired_key(node_id))
     if cached is not None:
         return cached
-    desired = []
-    rows = (
-        Allocation.objects.filter(node_id=node_id, active=True, attempt__active=True)
-        .select_related("attempt__job", "gpu")
-        .order_by("attempt_id", "gpu__index")
+    works = load_works(
+        JobAttempt.objects.filter(
+            active=True,
+            job__state__in=ACTIVE_STATES,
+            pk__in=Allocation.objects.filter(node_id=node_id, active=True).values("attempt_id"),
+        )
     )
-    by_attempt: dict[Any, list[Allocation]] = {}
-    for row in rows:
-        by_attempt.setdefault(row.attempt_id, []).append(row)
-    for attempt_id, allocations in by_attempt.items():
-        attempt = allocations[0].attempt
-        job = attempt.job
-        if job.state not in RUNNING_ON_NODE:
+    heads = dict(
+        Node.objects.filter(pk__in={w.shares[0].node_id for w in works if w.shares}).values_list(
+            "pk", "labels"
+        )
+    )
+    desired = []
+    for work in works:
+        ranks = [s.node_id for s in work.shares]
+        if node_id not in ranks:
             continue
-        nodes = _gang_nodes(attempt_id)
-        head = nodes[0] if nodes else node_id
-        spec = job.spec or {}
+        head = work.shares[0]
         desired.append(
             {
-                "attempt": str(attempt_id),
-                "job": job.pk,
-                "number": attempt.number,
-                "epoch": attempt.epoch,
-                "script": shell_command(job.command, spec.get("setup") or "", spec.get("workdir") or ""),
-                "env": spec.get("env") or {},
-                "gpus": [a.gpu.index for a in allocations if a.gpu_id],
-                "time_limit_s": job.time_limit_s,
-                "nnodes": len(nodes),
-                "node_rank": nodes.index(node_id) if node_id in nodes else 0,
-                "head_addr": _address(head),
+                "attempt": work.attempt_id,
+                "job": work.job_id,
+                "number": work.number,
+                "epoch": work.epoch,
+                "script": work.script,
+                "env": dict(work.env),
+                "gpus": list(work.shares[ranks.index(node_id)].gpu_indices),
+                "time_limit_s": work.time_limit_s,
+                "nnodes": len(ranks),
+                "node_rank": ranks.index(node_id),
+                "head_addr": (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node,
             }
         )
     cache.set(desired_key(node_id), desired, TTL_S)
     return desired
-
-
-def _address(node_id: int) -> str:
-    name, labels = Node.objects.filter(pk=node_id).values_list("name", "labels").first() or ("", {})
-    return (labels or {}).get("orrery.io/address") or name
-
-
-def _gang_nodes(attempt_id: Any) -> list[int]:
-    return sorted(
-        set(
-            Allocation.objects.filter(attempt_id=attempt_id, gpu__isnull=True).values_list(
-                "node_id", flat=True
-            )
-        )
-    )
 
 
 def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[str, Any]]) -> dict[str, int]:
@@ -115,7 +99,16 @@ def _remote_state(node_id: int, attempt_id: Any, report: dict[str, Any]) -> Remo
         message = report.get("reason") or (f"exit code {code}" if code is not None else phase.value)
     else:
         message = f"{phase.value} on node {node_id}"
-    # In a gang only the head's success ends the job (a member reports its rank).
-    return RemoteState(
-        str(attempt_id), phase, exit_code=code, message=message, head=report.get("node_rank", 0) == 0
+    # In a gang only the head's success ends the job (any failure ends it at once). The server
+    # knows which node is the head (the lowest node id, rank 0): a report does not say so.
+    head = phase is not Phase.SUCCEEDED or node_id == _head_node(attempt_id)
+    return RemoteState(str(attempt_id), phase, exit_code=code, message=message, head=head)
+
+
+def _head_node(attempt_id: Any) -> int | None:
+    return (
+        Allocation.objects.filter(attempt_id=attempt_id, gpu__isnull=True)
+        .order_by("node_id")
+        .values_list("node_id", flat=True)
+        .first()
     )

@@ -67,17 +67,26 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
 
 
 def _withdraw(cluster: Cluster, orphans: Sequence[Orphan]) -> int:
-    """Cancel the cluster's jobs for attempts Orrery made and no longer runs there."""
-    names = {}
+    """Cancel the cluster's jobs for attempts Orrery made and no longer runs there, and second
+    jobs under a running attempt's name. An attempt active on this cluster whose job is not yet
+    recorded is left alone: it may have been delivered while this sync was reading."""
+    names: dict[uuid.UUID, list[str]] = {}
     for orphan in orphans:
         try:
-            names[uuid.UUID(orphan.attempt_id)] = orphan.remote_id
+            names.setdefault(uuid.UUID(orphan.attempt_id), []).append(orphan.remote_id)
         except ValueError:
             continue  # not named by Orrery: not ours to touch
     if not names:
         return 0
-    ours = JobAttempt.objects.filter(pk__in=list(names)).values_list("pk", flat=True)
-    return adapter_for(cluster.kind).cancel(cluster, [names[pk] for pk in ours])
+    stop = []
+    for pk, active, on_cluster, remote_id in JobAttempt.objects.filter(pk__in=list(names)).values_list(
+        "pk", "active", "cluster_id", "remote_id"
+    ):
+        if not (active and on_cluster == cluster.pk):
+            stop += names[pk]
+        elif remote_id:
+            stop += [r for r in names[pk] if r != remote_id]  # a duplicate of a recorded job
+    return adapter_for(cluster.kind).cancel(cluster, stop) if stop else 0
 
 
 def sync_due_clusters(now: float | None = None) -> int:
@@ -93,6 +102,8 @@ def sync_due_clusters(now: float | None = None) -> int:
             done += 1
         except AdapterError as exc:
             log.warning("%s cluster %s: %s", cluster.kind, cluster.name, exc)
+        except Exception:  # one broken cluster must not stop the others' sync
+            log.exception("sync of %s cluster %s failed", cluster.kind, cluster.name)
     return done
 
 

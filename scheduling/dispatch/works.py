@@ -8,19 +8,27 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import QuerySet
+
 from clusters.adapters.base import Share, Simulation, Work
 from scheduling.models import Allocation, JobAttempt
 
 
-def load_works(attempt_ids: Iterable[Any]) -> list[Work]:
-    """The ``Work`` of each attempt (in the order given; unknown ids are left out), in two
-    queries whatever their number."""
-    ids = [a if isinstance(a, uuid.UUID) else uuid.UUID(str(a)) for a in attempt_ids]
-    if not ids:
-        return []
+def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = True) -> list[Work]:
+    """The ``Work`` of each attempt — given as a queryset, or as ids (kept in that order; unknown
+    ids are left out) — in two queries whatever their number. ``gpus=False`` leaves the GPU
+    indices out of the shares (a sync needs only where an attempt runs, and reads one row per
+    node instead of one per GPU)."""
+    if isinstance(attempts, QuerySet):
+        chosen, order = attempts.order_by("created_at", "pk"), None
+    else:
+        order = [a if isinstance(a, uuid.UUID) else uuid.UUID(str(a)) for a in attempts]
+        if not order:
+            return []
+        chosen = JobAttempt.objects.filter(pk__in=order)
     rows = {
         pk: rest
-        for pk, *rest in JobAttempt.objects.filter(pk__in=ids).values_list(
+        for pk, *rest in chosen.values_list(
             "pk",
             "job_id",
             "number",
@@ -32,40 +40,41 @@ def load_works(attempt_ids: Iterable[Any]) -> list[Work]:
             "job__time_limit_s",
         )
     }
+    if not rows:
+        return []
+    held = Allocation.objects.filter(attempt_id__in=list(rows))
+    if not gpus:
+        held = held.filter(gpu__isnull=True)
+    # Shares by node id: the lowest is the head of a gang (rank 0) on every kind.
     shares: dict[Any, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
-    for attempt, node_id, node, gpu in (
-        Allocation.objects.filter(attempt_id__in=list(rows))
-        .order_by("node__name", "gpu__index")
-        .values_list("attempt_id", "node_id", "node__name", "gpu__index")
+    for attempt, node_id, node, gpu in held.order_by("node_id", "gpu__index").values_list(
+        "attempt_id", "node_id", "node__name", "gpu__index"
     ):
         share = shares[attempt].setdefault(node_id, (node, []))
         if gpu is not None:
             share[1].append(gpu)
-    works = []
-    for pk in ids:
-        if pk not in rows:
-            continue
-        job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s = rows[pk]
-        spec = spec or {}
-        sim = spec.get("sim")
-        works.append(
-            Work(
-                attempt_id=str(pk),
-                job_id=job_id,
-                number=number,
-                epoch=epoch,
-                script=shell_command(command, spec.get("setup") or "", spec.get("workdir") or ""),
-                env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
-                shares=tuple(Share(n, name, tuple(g)) for n, (name, g) in shares[pk].items()),
-                time_limit_s=time_limit_s,
-                remote_id=remote_id,
-                started_at=started_at.timestamp() if started_at else None,
-                simulation=Simulation(sim.get("durationSeconds"), sim.get("exitCode") or 0)
-                if isinstance(sim, dict)
-                else None,
-            )
-        )
-    return works
+    return [_work(pk, rows[pk], shares[pk]) for pk in (order or rows) if pk in rows]
+
+
+def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]]) -> Work:
+    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s = row
+    spec = spec or {}
+    sim = spec.get("sim")
+    return Work(
+        attempt_id=str(pk),
+        job_id=job_id,
+        number=number,
+        epoch=epoch,
+        script=shell_command(command, spec.get("setup") or "", spec.get("workdir") or ""),
+        env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+        shares=tuple(Share(n, name, tuple(g)) for n, (name, g) in shares.items()),
+        time_limit_s=time_limit_s,
+        remote_id=remote_id,
+        started_at=started_at.timestamp() if started_at else None,
+        simulation=Simulation(sim.get("durationSeconds"), sim.get("exitCode") or 0)
+        if isinstance(sim, dict)
+        else None,
+    )
 
 
 def shell_command(command: str, setup: str, workdir: str) -> str:

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from clusters.adapters.base import LogChunk, Phase, RemoteState
-from clusters.choices import NodeState
+from clusters.adapters.base import AdapterError, LogChunk, Orphan, Phase, RemoteState, Sent
+from clusters.adapters.simulated import SimulatedAdapter
+from clusters.choices import ClusterKind, NodeState
 from clusters.models import Cluster, Node
 from scheduling import wakeup
 from scheduling.choices import EventKind, JobState, PendingReason
@@ -22,7 +23,7 @@ from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt, JobEv
 from scheduling.selectors import log_tail
 from scheduling.services.failover import sweep_lost_nodes
 from scheduling.services.logs import store_log
-from tests.factories import make_job
+from tests.factories import make_cluster, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -231,3 +232,146 @@ def test_the_failover_sweep_decides_jobs_left_on_a_down_node(alice, queue, fleet
     refreshed = Job.objects.get(pk=job.pk)
     assert (refreshed.state, refreshed.reason) == (JobState.HELD, PendingReason.NODE_LOST)
     assert sweep_lost_nodes() == 0
+
+
+# --- the drain loop under faults ------------------------------------------------------------------
+
+
+def test_a_kind_without_an_adapter_does_not_hold_up_the_others(alice, queue, fleet):
+    first, second = make_job(alice, queue, gpus=8), make_job(alice, queue, gpus=8)
+    run_cycle(SchedulerCache())
+    other = make_cluster("k8s", kind=ClusterKind.KUBERNETES)
+    DispatchOutbox.objects.filter(attempt__job=first).update(cluster=other)
+    assert drain_outbox() == 1
+    assert Job.objects.get(pk=second.pk).state == JobState.RUNNING
+    assert DispatchOutbox.objects.get(attempt__job=first).state == DispatchOutbox.State.PENDING
+
+
+def test_one_drain_at_a_time_delivers_to_a_cluster(alice, queue, fleet):
+    from django.core.cache import cache
+
+    job = make_job(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())
+    cluster = JobAttempt.objects.get(job=job).cluster
+    cache.add(f"orrery:dispatching:{cluster.pk}", 1, timeout=60)  # another worker is on it
+    try:
+        assert drain_outbox() == 0
+        assert DispatchOutbox.objects.get().state == DispatchOutbox.State.PENDING
+    finally:
+        cache.delete(f"orrery:dispatching:{cluster.pk}")
+    assert drain_outbox() == 1
+
+
+def test_a_broken_cluster_does_not_stop_delivery_to_the_others(alice, queue, fleet, monkeypatch):
+    jobs = [make_job(alice, queue, gpus=8) for _ in range(3)]  # a0, a1 on sim-a; b0 on sim-b
+    run_cycle(SchedulerCache())
+    works = SimulatedAdapter.dispatch
+
+    def broken_on_sim_a(self, cluster, batch):
+        if cluster.name == "sim-a":
+            raise RuntimeError("the cluster's API answered nonsense")
+        return works(self, cluster, batch)
+
+    monkeypatch.setattr(SimulatedAdapter, "dispatch", broken_on_sim_a)
+    assert drain_outbox() == 1
+    states = {Job.objects.get(pk=j.pk).state for j in jobs}
+    assert states == {JobState.RUNNING, JobState.SCHEDULED}
+    assert DispatchOutbox.objects.filter(state=DispatchOutbox.State.PENDING).count() == 2  # tried again later
+
+
+def test_deliveries_are_recorded_as_they_come(alice, queue, fleet, monkeypatch):
+    jobs = [make_job(alice, queue, gpus=8) for _ in range(2)]
+    for job in jobs:
+        job.placement = {"clusters": ["sim-a"]}
+        job.save()
+    run_cycle(SchedulerCache())
+
+    def first_then_down(self, cluster, batch):
+        yield Sent(batch[0].attempt_id, remote_id="r-1")
+        raise AdapterError("connection reset")
+
+    monkeypatch.setattr(SimulatedAdapter, "dispatch", first_then_down)
+    assert drain_outbox() == 1
+    rows = {str(r.attempt_id): r for r in DispatchOutbox.objects.all()}
+    sent = [r for r in rows.values() if r.state == DispatchOutbox.State.SENT]
+    tried = [r for r in rows.values() if r.state == DispatchOutbox.State.PENDING]
+    assert len(sent) == 1 and JobAttempt.objects.get(pk=sent[0].attempt_id).remote_id == "r-1"
+    assert len(tried) == 1 and (tried[0].tries, tried[0].last_error) == (1, "connection reset")
+
+
+# --- orphans: work the cluster runs that Orrery no longer wants ------------------------------------
+
+
+def test_orphans_are_cancelled_but_never_a_delivery_in_flight(alice, queue, fleet, monkeypatch):
+    from scheduling.dispatch.sync import _withdraw
+
+    ended, running, in_flight = (make_job(alice, queue, gpus=1) for _ in range(3))
+    for job in (ended, running, in_flight):
+        job.placement = {"clusters": ["sim-a"]}
+        job.save()
+    run_cycle(SchedulerCache())
+    cluster = Cluster.objects.get(name="sim-a")
+    JobAttempt.objects.filter(job=running).update(remote_id="r-run")
+    from scheduling.services.jobs import cancel_job
+
+    cancel_job(Job.objects.get(pk=ended.pk), actor=None)
+    cancelled: list[str] = []
+    monkeypatch.setattr(SimulatedAdapter, "cancel", lambda self, c, ids: cancelled.extend(ids) or len(ids))
+    orphans = [
+        Orphan(attempt_of_any(ended), "r-ended"),  # Orrery cancelled it: stop it there
+        Orphan(attempt_of(running), "r-dup"),  # a second job under a running attempt's name
+        Orphan(attempt_of(running), "r-run"),  # (the recorded one is not an orphan, but never cancelled)
+        Orphan(attempt_of(in_flight), "r-new"),  # delivered while the sync was reading: leave it
+        Orphan("not-a-uuid", "r-foreign"),  # not Orrery's
+    ]
+    assert _withdraw(cluster, orphans) == 2
+    assert sorted(cancelled) == ["r-dup", "r-ended"]
+
+
+def attempt_of_any(job) -> str:
+    return str(JobAttempt.objects.filter(job=job).latest("number").pk)
+
+
+# --- gangs: the head decides success ----------------------------------------------------------------
+
+
+def test_in_a_gang_only_the_heads_success_ends_the_job(alice, queue, fleet):
+    from scheduling.dispatch.agent import apply_reports
+
+    gang = make_job(alice, queue, gpus=8, nodes=2)
+    run_cycle(SchedulerCache())
+    drain_outbox()  # simulated: running at once
+    attempt = attempt_of(gang)
+    head, member = sorted(
+        Allocation.objects.filter(job=gang, gpu__isnull=True).values_list("node_id", flat=True)
+    )
+    done = {"attempt": attempt, "state": "succeeded", "exit_code": 0}
+    assert apply_reports(member, [done], []) == {"applied": 0, "ignored": 1}
+    assert Job.objects.get(pk=gang.pk).state == JobState.RUNNING
+    assert apply_reports(head, [done], []) == {"applied": 1, "ignored": 0}
+    assert Job.objects.get(pk=gang.pk).state == JobState.SUCCEEDED
+
+
+def test_in_a_gang_any_failure_ends_the_job(alice, queue, fleet):
+    from scheduling.dispatch.agent import apply_reports
+
+    gang = make_job(alice, queue, gpus=8, nodes=2)
+    run_cycle(SchedulerCache())
+    drain_outbox()
+    member = max(Allocation.objects.filter(job=gang, gpu__isnull=True).values_list("node_id", flat=True))
+    failed = {"attempt": attempt_of(gang), "state": "failed", "exit_code": 2}
+    assert apply_reports(member, [failed], []) == {"applied": 1, "ignored": 0}
+    assert (Job.objects.get(pk=gang.pk).state, Job.objects.get(pk=gang.pk).exit_code) == (JobState.FAILED, 2)
+
+
+def test_a_report_from_a_node_the_attempt_does_not_hold_is_fenced_out(alice, queue, fleet):
+    from scheduling.dispatch.agent import apply_reports
+
+    job = make_job(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())
+    drain_outbox()
+    held = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
+    elsewhere = Node.objects.exclude(pk=held).values_list("pk", flat=True).first()
+    report = {"attempt": attempt_of(job), "state": "failed", "exit_code": 1}
+    assert apply_reports(elsewhere, [report], []) == {"applied": 0, "ignored": 1}
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING

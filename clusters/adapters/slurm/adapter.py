@@ -13,7 +13,7 @@ import logging
 import os
 import subprocess
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -65,42 +65,45 @@ class SlurmAdapter:
     def inventory(self, cluster: Cluster) -> Inventory:
         return collect(cluster)
 
-    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> list[Sent]:
-        sent = []
+    def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
+        """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known. A failure
+        of one work (any error: a refused ``sbatch``, an undecodable answer) is that work's
+        error; the others go on."""
+        gres = _gres_types(cluster, works)
         for work in works:
             try:
-                sent.append(Sent(work.attempt_id, remote_id=submit(cluster, work)))
-            except (SlurmError, OSError, subprocess.TimeoutExpired) as exc:
+                yield Sent(work.attempt_id, remote_id=submit(cluster, work, gres.get(work.nodes[0], "")))
+            except Exception as exc:
                 log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
-                sent.append(Sent(work.attempt_id, error=str(exc)[:1000]))
-        return sent
+                yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
         """States, exit codes and output of the asked attempts; a job that vanished from Slurm
-        fails; jobs still live under the name of an attempt not asked about are orphans."""
-        by_name = {j.get("name"): j for j in client_for(cluster).jobs()}
+        fails. Jobs still live under the name of an attempt not asked about, or a second job
+        under an asked attempt's name, are orphans."""
         asked = {w.attempt_id: w for w in works}
-        states, output = [], []
-        for name, slurm_job in by_name.items():
+        found: dict[str, dict[str, Any]] = {}
+        orphans = []
+        for slurm_job in client_for(cluster).jobs():
+            name, remote_id = str(slurm_job.get("name")), str(slurm_job.get("job_id") or "")
             work = asked.get(name)
-            if work is None:
-                continue
-            chunk = _output(work)
+            if work is not None and name not in found and work.remote_id in ("", remote_id):
+                found[name] = slurm_job
+            elif _is_attempt_id(name) and job_state(slurm_job.get("job_state")) in LIVE:
+                orphans.append(Orphan(name, remote_id))
+        states, output = [], []
+        for name, slurm_job in found.items():
+            chunk = _output(asked[name])
             if chunk is not None:
                 output.append(chunk)
-            states.append(remote_state(work.attempt_id, slurm_job))
+            states.append(remote_state(name, slurm_job))
         for work in works:
-            if work.remote_id and work.attempt_id not in by_name:
+            if work.remote_id and work.attempt_id not in found:
                 states.append(
                     RemoteState(
                         work.attempt_id, Phase.FAILED, work.remote_id, message="the job vanished from Slurm"
                     )
                 )
-        orphans = [
-            Orphan(str(name), str(j["job_id"]))
-            for name, j in by_name.items()
-            if name not in asked and _is_attempt_id(name) and job_state(j.get("job_state")) in LIVE
-        ]
         return Synced(states=states, output=output, orphans=orphans)
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
@@ -144,7 +147,7 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     return RemoteState(attempt_id, phase, remote_id)
 
 
-def submit(cluster: Cluster, work: Work) -> str:
+def submit(cluster: Cluster, work: Work, gres_type: str = "") -> str:
     """Submit (or find) the Slurm job of an attempt; returns its Slurm job id."""
     env = _cli_env(cluster)
     found = subprocess.run(
@@ -156,9 +159,7 @@ def submit(cluster: Cluster, work: Work) -> str:
     )
     if found.returncode == 0 and found.stdout.strip():
         return found.stdout.split()[0]
-    done = subprocess.run(
-        sbatch_argv(work, _gres_type(cluster, work)), capture_output=True, text=True, env=env, timeout=60
-    )
+    done = subprocess.run(sbatch_argv(work, gres_type), capture_output=True, text=True, env=env, timeout=60)
     if done.returncode != 0:
         raise SlurmError(f"sbatch refused the job: {done.stderr.strip()[:300]}")
     return done.stdout.strip().split(";")[0]
@@ -205,22 +206,27 @@ def _cli_env(cluster: Cluster) -> dict[str, str]:
     return env
 
 
-def _gres_type(cluster: Cluster, work: Work) -> str:
-    labels = Node.objects.filter(cluster=cluster, name__in=work.nodes).values_list("labels", flat=True)
-    return next(((lab or {}).get("slurm.io/gres-type") for lab in labels), "") or ""
+def _gres_types(cluster: Cluster, works: Sequence[Work]) -> dict[str, str]:
+    """The GRES type of each node the works run on (the node label ``slurm.io/gres-type``)."""
+    names = {n for w in works for n in w.nodes}
+    labels = Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "labels")
+    return {name: (lab or {}).get("slurm.io/gres-type") or "" for name, lab in labels}
 
 
 def _output(work: Work) -> LogChunk | None:
     """The tail of the job's output file, as the head node's stream."""
     path = output_path(work.attempt_id)
-    if not path.exists() or not work.shares:
+    if not work.shares:
         return None
-    data = path.read_bytes()[-OUTPUT_TAIL:]
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - OUTPUT_TAIL, 0))
+            data = f.read(OUTPUT_TAIL)
+    except FileNotFoundError:
+        return None
     return LogChunk(
-        work.attempt_id,
-        work.shares[0].node,
-        max(path.stat().st_size - len(data), 0),
-        data.decode("utf-8", "replace"),
+        work.attempt_id, work.shares[0].node, max(size - OUTPUT_TAIL, 0), data.decode("utf-8", "replace")
     )
 
 

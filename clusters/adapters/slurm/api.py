@@ -223,9 +223,5 @@ class SlurmClient:
     def jobs(self) -> list[dict[str, Any]]:
         return self._request("GET", self._path("jobs")).get("jobs") or []
 
-    def submit(self, script: str, job: dict[str, Any]) -> int:
-        answer = self._request("POST", self._path("job/submit"), {"script": script, "job": job})
-        return int(answer["job_id"])
-
     def cancel(self, job_id: int) -> None:
         self._request("DELETE", self._path(f"job/{job_id}"))
