@@ -79,10 +79,11 @@ def _withdraw(cluster: Cluster, orphans: Sequence[Orphan]) -> int:
     if not names:
         return 0
     stop = []
-    for pk, active, on_cluster, remote_id in JobAttempt.objects.filter(pk__in=list(names)).values_list(
-        "pk", "active", "cluster_id", "remote_id"
+    # Only this cluster's attempts: two Orrery clusters on one Slurm never touch each other's jobs.
+    for pk, active, remote_id in JobAttempt.objects.filter(pk__in=list(names), cluster=cluster).values_list(
+        "pk", "active", "remote_id"
     ):
-        if not (active and on_cluster == cluster.pk):
+        if not active:
             stop += names[pk]
         elif remote_id:
             stop += [r for r in names[pk] if r != remote_id]  # a duplicate of a recorded job

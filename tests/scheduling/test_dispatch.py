@@ -326,6 +326,9 @@ def test_orphans_are_cancelled_but_never_a_delivery_in_flight(alice, queue, flee
     ]
     assert _withdraw(cluster, orphans) == 2
     assert sorted(cancelled) == ["r-dup", "r-ended"]
+    cancelled.clear()
+    other = Cluster.objects.get(name="sim-b")  # another Orrery cluster on the same backend
+    assert _withdraw(other, orphans) == 0 and cancelled == []  # never touches sim-a's jobs
 
 
 def attempt_of_any(job) -> str:
