@@ -322,3 +322,43 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     assert run_cycle(SchedulerCache()).placed == 1  # placements resume
     assert Job.objects.get(pk=waiting.pk).state == JobState.SCHEDULED
     subprocess.run(["scancel", JobAttempt.objects.get(job=running).remote_id], timeout=30)
+
+
+def test_a_slurm_job_sees_nothing_of_the_control_plane(slurm, api, alice, queue, monkeypatch):
+    """The control plane's environment holds its secrets; a job printing its whole environment
+    must find none of them, and values it was given cannot add variables."""
+    import os
+    import stat
+
+    from clusters.adapters.slurm.adapter import output_path
+
+    cluster = _onboard(slurm)
+    monkeypatch.setenv("ORRERY_CANARY_SECRET", "canary-7f3a9")
+    monkeypatch.setenv("DATABASE_URL", "postgres://orrery:canary-7f3a9@db/orrery")
+    body = {
+        "apiVersion": "orrery/v1",
+        "kind": "Job",
+        "metadata": {"name": "nosy", "project": "vision"},
+        "spec": {
+            "resources": {"gpus": "a100:1"},
+            "run": "env; echo done",
+            "env": {"GREETING": "a,ORRERY_INJECTED=1", "QUOTE": "it's $(id)"},
+            "placement": {"clusters": ["hpc"]},
+        },
+    }
+    job = api(alice).post("/api/v1/jobs", body, format="json").json()["id"]
+    assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
+
+    def finished() -> bool:
+        sync_cluster(cluster)
+        return Job.objects.get(pk=job).state in (JobState.SUCCEEDED, JobState.FAILED)
+
+    wait(finished, "the job to finish", timeout=60)
+    lines = wait(lambda: api(alice).get(f"/api/v1/jobs/{job}/logs").json()["lines"], "its output", timeout=30)
+    text = "\n".join(lines)
+    assert "done" in text and Job.objects.get(pk=job).state == JobState.SUCCEEDED
+    assert "canary-7f3a9" not in text and "DATABASE_URL" not in text and "ORRERY_SECRET_KEY" not in text
+    assert "GREETING=a,ORRERY_INJECTED=1" in text and "\nORRERY_INJECTED=" not in f"\n{text}"
+    assert "QUOTE=it's $(id)" in text
+    mode = os.stat(output_path(str(JobAttempt.objects.get(job_id=job).pk))).st_mode
+    assert stat.S_IMODE(mode) & 0o077 == 0  # readable by its owner only

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from clusters.adapters.base import Phase, Share, Work
-from clusters.adapters.slurm.adapter import remote_state, sbatch_argv
-from clusters.adapters.slurm.api import decode_exit, job_state, node_state, parse_gres, parse_nodes
+from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv
+from clusters.adapters.slurm.api import (
+    SlurmError,
+    decode_exit,
+    job_state,
+    node_state,
+    parse_gres,
+    parse_nodes,
+)
 from clusters.choices import NodeState
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -183,21 +190,47 @@ def test_slurm_jobs_in_neutral_terms(job, phase, exit_code, message):
     assert (state.phase, state.exit_code, state.message, state.remote_id) == (phase, exit_code, message, "7")
 
 
-def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
-    work = Work(
+def _work(**fields) -> Work:
+    return Work(
         attempt_id="0b7c",
         job_id=5,
         number=2,
         epoch=9,
-        script="cd /w && python train.py",
-        env={"LR": "0.1"},
+        script=fields.pop("script", "cd /w && python train.py"),
+        env=fields.pop("env", {"LR": "0.1"}),
         shares=(Share(1, "n1", (0, 1)), Share(2, "n2", (2, 3))),
         time_limit_s=61,
+        **fields,
     )
-    argv = sbatch_argv(work, "a100")
+
+
+def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
+    argv = sbatch_argv(_work(), "a100")
     assert argv[:3] == ["sbatch", "--parsable", "--job-name=0b7c"]
     assert "--nodelist=n1,n2" in argv and "--nodes=2" in argv and "--no-requeue" in argv
     assert "--gres=gpu:a100:2" in argv and "--time=2" in argv
-    assert argv[-2:] == ["--wrap", "cd /w && python train.py"]
-    export = next(a for a in argv if a.startswith("--export="))
-    assert "ORRERY_ATTEMPT=2" in export and "ORRERY_NNODES=2" in export and "LR=0.1" in export
+    assert "--export=NONE" in argv  # nothing of the control plane's environment
+    assert not any(a.startswith("--wrap") or ("=" in a and "LR" in a) for a in argv)
+    script = batch_script(_work())
+    assert script.startswith("#!/bin/sh\n") and script.endswith("cd /w && python train.py\n")
+    assert "export ORRERY_ATTEMPT=2\n" in script and "export ORRERY_NNODES=2\n" in script
+
+
+def test_env_values_cannot_inject_variables_or_commands(tmp_path):
+    import subprocess
+
+    hostile = {
+        "A": "x,ORRERY_INJECTED=1",  # a comma once split --export into two variables
+        "B": "'; touch " + str(tmp_path / "pwned") + "; echo '",
+        "C": "$(touch " + str(tmp_path / "pwned2") + ")`id`",
+        "D": "line one\nline two",
+    }
+    script = batch_script(_work(env=hostile, script="env"))
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env={}, check=True)
+    seen = dict(line.split("=", 1) for line in ran.stdout.split("\n") if "=" in line and line[:1].isupper())
+    assert seen["A"] == hostile["A"] and "ORRERY_INJECTED" not in seen
+    assert seen["B"] == hostile["B"] and seen["C"] == hostile["C"]
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert seen["PATH"].startswith("/usr/local/sbin") and seen["ORRERY_JOB_ID"] == "5"
+    with pytest.raises(SlurmError, match="not an environment variable name"):
+        batch_script(_work(env={"X;rm -rf /": "1"}))

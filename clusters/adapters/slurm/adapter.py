@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -159,23 +161,25 @@ def submit(cluster: Cluster, work: Work, gres_type: str = "") -> str:
     )
     if found.returncode == 0 and found.stdout.strip():
         return found.stdout.split()[0]
-    done = subprocess.run(sbatch_argv(work, gres_type), capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        sbatch_argv(work, gres_type),
+        input=batch_script(work),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        # Slurm creates the output file with the submitter's umask: readable by its owner only.
+        preexec_fn=lambda: os.umask(0o077),
+    )
     if done.returncode != 0:
         raise SlurmError(f"sbatch refused the job: {done.stderr.strip()[:300]}")
     return done.stdout.strip().split(";")[0]
 
 
 def sbatch_argv(work: Work, gres_type: str = "") -> list[str]:
-    """The ``sbatch`` command line of an attempt (an argv list, never a shell string)."""
-    gpus = work.gpus_per_node
-    variables = {
-        "ORRERY_JOB_ID": str(work.job_id),
-        "ORRERY_ATTEMPT": str(work.number),
-        "ORRERY_ATTEMPT_ID": work.attempt_id,
-        "ORRERY_NNODES": str(len(work.shares)),
-        "ORRERY_GPUS_PER_NODE": str(gpus),
-        **{str(k): str(v) for k, v in work.env.items()},
-    }
+    """The ``sbatch`` command line of an attempt (an argv list, never a shell string). The job
+    inherits nothing of the submitting process's environment (``--export=NONE``): its variables
+    are set, quoted, by its batch script (``batch_script``), which ``sbatch`` reads on stdin."""
     argv = [
         "sbatch",
         "--parsable",
@@ -186,13 +190,48 @@ def sbatch_argv(work: Work, gres_type: str = "") -> list[str]:
         # Always: Orrery's failover policy places a retry (anywhere, counted against the job's
         # retries); Slurm's own requeue would rerun it pinned to the same nodes, unseen.
         "--no-requeue",
-        "--export=ALL," + ",".join(f"{k}={v}" for k, v in variables.items()),
+        "--export=NONE",
     ]
-    if gpus:
-        argv.append(f"--gres=gpu:{gres_type}:{gpus}" if gres_type else f"--gres=gpu:{gpus}")
+    if work.gpus_per_node:
+        argv.append(
+            f"--gres=gpu:{gres_type}:{work.gpus_per_node}"
+            if gres_type
+            else f"--gres=gpu:{work.gpus_per_node}"
+        )
     if work.time_limit_s:
         argv.append(f"--time={max(1, -(-work.time_limit_s // 60))}")
-    return [*argv, "--wrap", work.script]
+    return argv
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def batch_script(work: Work) -> str:
+    """The batch script of an attempt: a plain environment (a default ``PATH``, ``HOME`` and
+    ``USER`` of the account it runs as), the ``ORRERY_*`` variables and the job's own ``env``,
+    each quoted for the shell, then the job's script. No value can inject a variable or a
+    command, and nothing of the control plane's environment is there to read."""
+    variables = {
+        "ORRERY_JOB_ID": str(work.job_id),
+        "ORRERY_ATTEMPT": str(work.number),
+        "ORRERY_ATTEMPT_ID": work.attempt_id,
+        "ORRERY_NNODES": str(len(work.shares)),
+        "ORRERY_GPUS_PER_NODE": str(work.gpus_per_node),
+        **{str(k): str(v) for k, v in work.env.items()},
+    }
+    bad = [k for k in variables if not _ENV_NAME.fullmatch(k)]
+    if bad:
+        raise SlurmError(f"not an environment variable name: {bad[0]!r}")
+    lines = [
+        "#!/bin/sh",
+        "umask 077",
+        'export PATH="${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"',
+        'export USER="${USER:-$(id -un)}"',
+        'export HOME="${HOME:-$(getent passwd "$(id -un)" | cut -d: -f6)}"',
+        *(f"export {k}={shlex.quote(v)}" for k, v in variables.items()),
+        work.script,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def output_path(attempt_id: str) -> Path:
