@@ -24,7 +24,12 @@ from clusters.models import (
     NodeEvent,
     NodeLastSeen,
 )
-from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
+from clusters.services.credentials import (
+    allow_reregistration,
+    create_join_token,
+    issue_cluster_credential,
+    revoke,
+)
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 from clusters.services.onboarding import onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
@@ -120,9 +125,12 @@ class ClusterAdmin(admin.ModelAdmin):
     @admin.action(description="Create a join token (for orrery-agent)")
     def new_join_token(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
-            _, plaintext = create_join_token(cluster, name=f"by {request.user}")
+            token, plaintext = create_join_token(cluster, name=f"by {request.user}")
             self.message_user(
-                request, f"Join token for {cluster}: {plaintext} — shown once.", messages.WARNING
+                request,
+                f"Join token for {cluster}: {plaintext} — shown once; admits one machine until "
+                f"{token.expires_at:%H:%M %Z} (manage.py create_join_token sets other limits).",
+                messages.WARNING,
             )
 
     @admin.action(description="Create a collector credential")
@@ -199,6 +207,12 @@ class NodeAdmin(admin.ModelAdmin):
         service_action(drain_node, name="drain", description="Drain selected nodes", refusals=_REFUSALS),
         service_action(cordon_node, name="cordon", description="Cordon selected nodes", refusals=_REFUSALS),
         service_action(resume_node, name="resume", description="Resume selected nodes", refusals=_REFUSALS),
+        service_action(
+            allow_reregistration,
+            name="replace",
+            description="Replace node: revoke its credential so it can register again",
+            refusals=(),
+        ),
     ]
 
     @admin.display(description="Heartbeats")

@@ -239,7 +239,8 @@ class NodeEvent(models.Model):
 
 class JoinToken(models.Model):
     """Lets machines join a cluster: an agent trades it once for a per-node credential.
-    Only a SHA-256 digest is stored; the token is shown once, when an operator creates it."""
+    Only a SHA-256 digest is stored; the token is shown once, when an operator creates it. It
+    expires (an hour by default) and admits at most ``max_uses`` machines (one by default)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
     name = models.CharField(max_length=80, default="default")
@@ -249,6 +250,9 @@ class JoinToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     uses = models.PositiveIntegerField(default=0, editable=False)
+    max_uses = models.PositiveIntegerField(
+        null=True, blank=True, default=1, help_text="How many machines it admits; empty: no limit."
+    )
 
     class Meta:
         ordering = ["cluster_id", "-created_at"]

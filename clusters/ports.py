@@ -44,8 +44,9 @@ class AgentDesired(Protocol):
 class AgentReports(Protocol):
     def __call__(
         self, node_id: int, reports: list[dict[str, Any]], logs: list[dict[str, Any]]
-    ) -> dict[str, int]:
-        """Apply an agent's validated reports and log chunks; counts of applied and ignored."""
+    ) -> dict[str, Any]:
+        """Apply an agent's well-formed reports and log chunks: counts of ``applied`` and
+        ``ignored`` reports, and ``refused_logs`` — (position, why) of chunks not kept."""
         ...
 
 

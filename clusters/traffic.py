@@ -194,7 +194,10 @@ class HeartbeatTraffic:
             if self.mode == "batched":
                 _, self.credentials[name] = issue_cluster_credential(cluster, name="heartbeat-traffic")
             else:
-                _, self.credentials[name] = create_join_token(cluster, name="heartbeat-traffic")
+                members = sum(1 for n in self.nodes if n.cluster == name)
+                _, self.credentials[name] = create_join_token(
+                    cluster, name="heartbeat-traffic", max_uses=members
+                )
         GpuModel.objects.filter(slug__in=MODELS).count()  # the catalog must hold the models it reports
         if self.mode == "batched":
             for cluster in self.clusters:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from clusters.services.credentials import (
     GpuDescription,
     NodeDescription,
     NodeIdentity,
+    NodeTaken,
     authenticate_cluster,
     authenticate_node,
     register_node,
@@ -38,6 +40,7 @@ from clusters.services.credentials import (
 )
 
 MAX_NODES_PER_REPORT = 5000
+MAX_LOG_OFFSET = 1 << 40  # a job's output stream beyond a terabyte is not output
 _NAME_MAP_TTL_S = 30.0
 
 
@@ -69,6 +72,8 @@ def handle(endpoint: str, raw: bytes, bearer: str) -> Answer:
     except ReportError as exc:
         REPORTS.labels("malformed").inc()
         return _error(400, "Malformed report.", exc.path, exc.message)
+    except NodeTaken as exc:
+        return _error(409, f"{exc}.")
 
 
 def django_view(endpoint: str) -> Callable[[HttpRequest], HttpResponse]:
@@ -122,16 +127,28 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
             GpuDescription(
                 index=index,
                 model=model,
-                uuid=str(gpu.get("uuid") or "")[:64],
+                uuid=str(gpu.get("uuid") or "")[:64].replace("\x00", ""),
                 memory_mb=_count(gpu.get("memory_total_mb") or 0, f"{g}.memory_total_mb", 10**7),
-                topology_group=str(gpu.get("topology_group") or "")[:63],
+                topology_group=str(gpu.get("topology_group") or "")[:63].replace("\x00", ""),
             )
         )
     labels = data.get("labels") or {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    if (
+        not isinstance(labels, dict)
+        or len(labels) > 64
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= 120
+            and len(v) <= 512
+            and "\x00" not in k + v
+            for k, v in labels.items()
+        )
     ):
-        raise ReportError(f"{p}labels", "must map strings to strings")
+        raise ReportError(f"{p}labels", "must map at most 64 names to strings, without NUL")
+    for field in ("agent_version", "boot_id", "rack"):
+        if "\x00" in str(data.get(field) or ""):
+            raise ReportError(f"{p}{field}", "must not contain NUL")
     return NodeDescription(
         name=_text(data.get("name"), f"{p}name"),
         cpu_millicores=_count(data.get("cpu_millicores", 0), f"{p}cpu_millicores", 10**8),
@@ -145,9 +162,11 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
 
 
 def register(body: Any, bearer: str) -> Answer:
-    """``POST agent/register`` with a join token: the node's per-node credential (shown once)."""
+    """``POST agent/register`` with a join token: the node's per-node credential (shown once).
+    A name already registered needs its current credential in ``credential`` (409 otherwise)."""
     description = parse_node_description(body)
-    node, credential = register_node(bearer, description)
+    current = body.get("credential") if isinstance(body.get("credential"), str) else ""
+    node, credential = register_node(bearer, description, current)
     return (
         201,
         {
@@ -212,39 +231,82 @@ def _desired(identity: NodeIdentity) -> list[dict[str, Any]]:
 def attempts(body: Any, bearer: str) -> Answer:
     """``POST agent/attempts`` with a node credential: state changes of the node's attempts
     (``starting``, ``running``, ``succeeded``/``failed``/``timeout``/``cancelled`` with the exit
-    code) and new output. Reports about attempts that are no longer this node's are ignored."""
+    code) and new output. Each item stands alone: a malformed one, or one about an attempt that
+    is not this node's, is refused with its path in ``errors`` and the others are applied, so
+    one bad item never blocks a node's later reports."""
     identity = authenticate_node(bearer)
     if not isinstance(body, dict) or body.get("node") != identity.node_name:
         return _error(403, f"This credential speaks for node '{identity.node_name}' only.")
     reports, logs = body.get("reports") or [], body.get("logs") or []
     if not isinstance(reports, list) or not isinstance(logs, list) or len(reports) > 1000 or len(logs) > 1000:
         raise ReportError("reports", "reports and logs must be lists of at most 1000 items")
-    for i, item in enumerate(reports):
-        if (
-            not isinstance(item, dict)
-            or not isinstance(item.get("attempt"), str)
-            or item.get("state") not in _ATTEMPT_STATES
-        ):
-            raise ReportError(
-                f"reports[{i}]", f"needs an attempt id and a state in {sorted(_ATTEMPT_STATES)}"
-            )
-        code = item.get("exit_code")
-        if code is not None and (
-            isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255
-        ):
-            raise ReportError(f"reports[{i}].exit_code", "must be an integer between -255 and 255")
-    for i, item in enumerate(logs):
-        if not (
-            isinstance(item, dict)
-            and isinstance(item.get("attempt"), str)
-            and isinstance(item.get("data"), str)
-            and isinstance(item.get("offset"), int)
-            and item["offset"] >= 0
-            and len(item["data"]) <= 1 << 20
-        ):
-            raise ReportError(f"logs[{i}]", "needs an attempt id, a byte offset and at most 1 MiB of text")
-    counts = ports.agent_reports()(identity.node_id, reports, logs)
-    return 200, counts
+    errors: list[dict[str, str]] = []
+    good_reports, report_at = _valid(reports, "reports", _report_problem, errors)
+    good_logs, log_at = _valid(logs, "logs", _log_problem, errors)
+    counts = ports.agent_reports()(identity.node_id, good_reports, good_logs)
+    for k, message in counts.pop("refused_logs", []):
+        errors.append({"path": f"logs[{log_at[k]}]", "message": message})
+    for k, message in counts.pop("refused_reports", []):
+        errors.append({"path": f"reports[{report_at[k]}]", "message": message})
+    return 200, {**counts, "errors": sorted(errors, key=lambda e: e["path"])}
+
+
+def _valid(
+    items: list[Any],
+    name: str,
+    problem: Callable[[Any], tuple[str, str] | None],
+    errors: list[dict[str, str]],
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """The well-formed items and their positions; each malformed one becomes an error."""
+    good, at = [], []
+    for i, item in enumerate(items):
+        found = problem(item)
+        if found is None:
+            good.append(item)
+            at.append(i)
+        else:
+            errors.append({"path": f"{name}[{i}]{found[0]}", "message": found[1]})
+    return good, at
+
+
+def _attempt_id(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def _report_problem(item: Any) -> tuple[str, str] | None:
+    if (
+        not isinstance(item, dict)
+        or not _attempt_id(item.get("attempt"))
+        or item.get("state") not in _ATTEMPT_STATES
+    ):
+        return "", f"needs an attempt id and a state in {sorted(_ATTEMPT_STATES)}"
+    code = item.get("exit_code")
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255):
+        return ".exit_code", "must be an integer between -255 and 255"
+    reason = item.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500 or "\x00" in reason):
+        return ".reason", "must be text of at most 500 characters without NUL"
+    rank = item.get("node_rank", 0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 100_000:
+        return ".node_rank", "must be a non-negative integer"
+    return None
+
+
+def _log_problem(item: Any) -> tuple[str, str] | None:
+    if not (
+        isinstance(item, dict)
+        and _attempt_id(item.get("attempt"))
+        and isinstance(item.get("data"), str)
+        and isinstance(item.get("offset"), int)
+        and not isinstance(item.get("offset"), bool)
+        and 0 <= item["offset"] <= MAX_LOG_OFFSET
+        and len(item["data"]) <= 1 << 20
+    ):
+        return "", f"needs an attempt id, a byte offset up to {MAX_LOG_OFFSET} and at most 1 MiB of text"
+    return None
 
 
 _ATTEMPT_STATES = {"starting", "running", "succeeded", "failed", "timeout", "cancelled"}

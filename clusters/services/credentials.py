@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from clusters.choices import GpuHealth, NodeState
@@ -35,7 +36,12 @@ CACHE_TTL_S = 30.0
 
 
 class CredentialRefused(Exception):
-    """The secret is unknown, expired or revoked."""
+    """The secret is unknown, expired, used up or revoked."""
+
+
+class NodeTaken(Exception):
+    """A node of that name is registered and holds a live credential: registering it again
+    needs that credential, or an operator who lets it register again."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +86,23 @@ _identities = _TtlCache()
 
 
 def create_join_token(
-    cluster: Cluster, *, name: str = "default", expires_at: datetime | None = None
+    cluster: Cluster,
+    *,
+    name: str = "default",
+    expires_at: datetime | None = None,
+    max_uses: int | None = 1,
 ) -> tuple[JoinToken, str]:
+    """A join token for ``cluster``: it expires at ``expires_at`` (default: in
+    ``ORRERY_JOIN_TOKEN_TTL_S``, an hour) and admits ``max_uses`` machines (None: any number
+    until it expires). The plaintext is returned once."""
     secret = new_secret(JOIN_PREFIX)
     token = JoinToken.objects.create(
-        cluster=cluster, name=name, prefix=secret.prefix, digest=secret.digest, expires_at=expires_at
+        cluster=cluster,
+        name=name,
+        prefix=secret.prefix,
+        digest=secret.digest,
+        expires_at=expires_at or timezone.now() + timedelta(seconds=settings.ORRERY_JOIN_TOKEN_TTL_S),
+        max_uses=max_uses,
     )
     return token, secret.plaintext
 
@@ -129,21 +147,29 @@ class NodeDescription:
 
 
 def join_cluster(plaintext: str) -> Cluster:
-    """The cluster a join token admits to; ``CredentialRefused`` otherwise."""
+    """The cluster a join token admits to, counting one use; ``CredentialRefused`` otherwise.
+    The use is counted by a compare-and-set, so two machines racing for a token's last use
+    cannot both win."""
     token = JoinToken.objects.select_related("cluster").filter(digest=digest(plaintext)).first()
-    now = timezone.now()
-    if token is None or token.revoked_at or (token.expires_at and token.expires_at <= now):
-        raise CredentialRefused("unknown, expired or revoked join token")
-    JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1)
+    if token is None:
+        raise CredentialRefused("unknown join token")
+    used = (
+        JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+        .filter(Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses")))
+        .update(uses=F("uses") + 1)
+    )
+    if not used:
+        raise CredentialRefused("expired, used up or revoked join token")
     return token.cluster
 
 
 @transaction.atomic
 def upsert_node(cluster: Cluster, description: NodeDescription) -> Node:
     """Create the node, or refresh what it says about itself if it exists (same name in the
-    cluster). Its GPUs are made to match the description. A new node is ``not_ready`` until it
-    has heartbeated on time for NODE_RECOVERY seconds; an operator state (drained, cordoned…)
-    is kept."""
+    cluster). Its GPUs are made to match the description. A new node is ``not_ready`` until its
+    first valid heartbeat and NODE_RECOVERY seconds of them on time (the aggregation pass starts
+    its liveness row); an operator state (drained, cordoned…) is kept."""
     node, _ = Node.objects.select_for_update().get_or_create(
         cluster=cluster,
         name=description.name,
@@ -165,31 +191,47 @@ def upsert_node(cluster: Cluster, description: NodeDescription) -> Node:
         device.memory_mb = gpu.memory_mb or gpu.model.memory_mb
         device.topology_group = gpu.topology_group
         device.save()
-    now = timezone.now()
-    NodeLastSeen.objects.update_or_create(
-        node=node,
-        defaults={
-            "seen_at": now,
-            "good_since": now,
-            "boot_id": description.boot_id,
-            "seq": 0,
-            "fingerprint": "",
-        },
-    )
     return node
 
 
 @transaction.atomic
-def register_node(join_token: str, description: NodeDescription) -> tuple[Node, str]:
-    """Trade a join token for a node credential. Registering again (an agent whose work dir was
-    wiped, a reinstalled machine) revokes the node's previous credential."""
+def register_node(join_token: str, description: NodeDescription, current: str = "") -> tuple[Node, str]:
+    """Trade a join token for a node credential. A name already registered cannot be taken
+    over: registering it again needs its ``current`` credential (an agent rotating it), or an
+    operator who let it register again (``allow_reregistration``: a reinstalled machine, a
+    wiped work dir); ``NodeTaken`` otherwise, and nothing changes. Either way the node's
+    liveness starts afresh: it is not ready until its first valid heartbeat."""
     cluster = join_cluster(join_token)
+    existing = Node.objects.select_for_update().filter(cluster=cluster, name=description.name).first()
+    if existing is not None:
+        live = NodeCredential.objects.filter(node=existing, revoked_at__isnull=True)
+        if live.exists() and not (current and live.filter(digest=digest(current)).exists()):
+            raise NodeTaken(
+                f"node '{existing.name}' is registered; register it again with its current credential, "
+                "or ask an operator to let it register again"
+            )
+        NodeLastSeen.objects.filter(node=existing).delete()
+        if existing.state == NodeState.READY:
+            Node.objects.filter(pk=existing.pk).update(
+                state=NodeState.NOT_READY, state_reason="registered again"
+            )
     node = upsert_node(cluster, description)
     for old in NodeCredential.objects.filter(node=node, revoked_at__isnull=True):
         revoke(old)
     secret = new_secret(NODE_PREFIX)
     NodeCredential.objects.create(node=node, prefix=secret.prefix, digest=secret.digest)
     return node, secret.plaintext
+
+
+@transaction.atomic
+def allow_reregistration(node: Node, *, actor: Any = None) -> int:
+    """An operator's "replace node": revoke the node's live credentials, so the machine (or its
+    replacement) can register under that name again with a join token. Returns how many were
+    revoked."""
+    live = list(NodeCredential.objects.filter(node=node, revoked_at__isnull=True))
+    for credential in live:
+        revoke(credential, actor=actor)
+    return len(live)
 
 
 def authenticate_node(plaintext: str) -> NodeIdentity:

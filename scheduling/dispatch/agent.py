@@ -26,6 +26,8 @@ from scheduling.dispatch.works import load_works
 from scheduling.models import Allocation, JobAttempt
 from scheduling.services.logs import store_log
 
+MAX_LOG_GAP = 64 << 20  # a chunk may skip at most this much output (an agent's lost spool)
+
 
 def desired_for_node(node_id: int) -> list[dict[str, Any]]:
     cached = cache.get(desired_key(node_id))
@@ -68,8 +70,11 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
     return desired
 
 
-def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[str, Any]]) -> dict[str, int]:
-    """Apply what an agent says about its attempts; returns counts of applied and ignored."""
+def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply what an agent says about its attempts (items already well-formed); returns counts
+    of applied and ignored reports, and the log chunks refused (``refused_logs``: position and
+    why): output is kept only for attempts placed on this node, and a chunk may not start more
+    than ``MAX_LOG_GAP`` bytes past what is stored (an absurd offset would freeze the log)."""
     applied = ignored = 0
     for report in reports:
         attempt = (
@@ -85,11 +90,25 @@ def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[s
             applied += 1
         else:
             ignored += 1  # already there, or overtaken (a cancel): nothing to do
+    refused: list[tuple[int, str]] = []
     if logs:
         node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
-        for chunk in logs:
-            store_log(LogChunk(str(chunk["attempt"]), node, int(chunk["offset"]), str(chunk["data"])))
-    return {"applied": applied, "ignored": ignored}
+        # Output may arrive after its attempt ended: what counts is that it ran on this node.
+        ours = {
+            str(a)
+            for a in Allocation.objects.filter(
+                node_id=node_id, attempt_id__in={c["attempt"] for c in logs}
+            ).values_list("attempt_id", flat=True)
+        }
+        for k, chunk in enumerate(logs):
+            attempt_id = str(chunk["attempt"]).lower()
+            if attempt_id not in ours:
+                refused.append((k, "not an attempt placed on this node"))
+            elif not store_log(
+                LogChunk(attempt_id, node, int(chunk["offset"]), str(chunk["data"])), max_gap=MAX_LOG_GAP
+            ):
+                refused.append((k, f"starts more than {MAX_LOG_GAP} bytes past the output stored"))
+    return {"applied": applied, "ignored": ignored, "refused_logs": refused}
 
 
 def _remote_state(node_id: int, attempt_id: Any, report: dict[str, Any]) -> RemoteState:

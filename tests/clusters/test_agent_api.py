@@ -7,8 +7,13 @@ from django.test import Client
 
 from clusters.choices import GpuHealth, NodeState
 from clusters.ingest.buffer import get_buffer
-from clusters.models import GpuDevice, JoinToken, Node, NodeCredential
-from clusters.services.credentials import create_join_token, issue_cluster_credential, revoke
+from clusters.models import GpuDevice, JoinToken, Node, NodeCredential, NodeLastSeen
+from clusters.services.credentials import (
+    allow_reregistration,
+    create_join_token,
+    issue_cluster_credential,
+    revoke,
+)
 from tests.factories import make_cluster, make_node
 
 pytestmark = pytest.mark.django_db
@@ -72,9 +77,9 @@ def test_registration_creates_the_node_and_a_scoped_credential(registered, clust
     assert JoinToken.objects.get(cluster=cluster).uses == 1
 
 
-def test_registering_again_revokes_the_old_credential(client, cluster, registered):
+def test_registering_again_with_the_current_credential_rotates_it(client, cluster, registered):
     _, join = create_join_token(cluster)
-    again = post(client, "register", description(), join).json()
+    again = post(client, "register", description() | {"credential": registered["credential"]}, join).json()
     assert post(client, "heartbeat", report(seq=1), again["credential"]).status_code == 200
     assert post(client, "heartbeat", report(seq=2), registered["credential"]).status_code == 401
     assert NodeCredential.objects.filter(node_id=again["nodeId"], revoked_at__isnull=True).count() == 1
@@ -196,3 +201,184 @@ def test_a_bad_record_in_a_batch_names_its_index(client, cluster):
 
 def test_gpu_health_in_registration_defaults_to_healthy(registered):
     assert set(GpuDevice.objects.values_list("health", flat=True)) == {GpuHealth.HEALTHY}
+
+
+# --- the attacker's side: join tokens, takeovers, ---------------------------------------------------
+
+
+def test_a_join_token_admits_one_machine_unless_told_otherwise(client, cluster):
+    _, join = create_join_token(cluster)
+    assert post(client, "register", description("gpu-001"), join).status_code == 201
+    again = post(client, "register", description("gpu-002"), join)
+    assert again.status_code == 401 and "used up" in again.json()["detail"]
+    assert not Node.objects.filter(name="gpu-002").exists()
+    token, fleet = create_join_token(cluster, max_uses=2)
+    assert [post(client, "register", description(f"n{i}"), fleet).status_code for i in range(3)] == [
+        201,
+        201,
+        401,
+    ]
+    assert JoinToken.objects.get(pk=token.pk).uses == 2
+
+
+def test_a_join_token_expires(client, cluster, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    token, join = create_join_token(cluster)
+    assert token.expires_at - timezone.now() > timedelta(minutes=59)  # an hour by default
+    JoinToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    answer = post(client, "register", description(), join)
+    assert answer.status_code == 401 and "expired" in answer.json()["detail"]
+    assert not Node.objects.filter(cluster=cluster).exists()
+
+
+def test_a_registered_node_cannot_be_taken_over(client, cluster, registered):
+    node = Node.objects.get(pk=registered["nodeId"])
+    _, join = create_join_token(cluster)
+    hijack = description(gpus=1) | {"labels": {"orrery.io/address": "evil.example"}}
+    answer = post(client, "register", hijack, join)
+    assert answer.status_code == 409 and "current credential" in answer.json()["detail"]
+    assert post(client, "heartbeat", report(seq=1), registered["credential"]).status_code == 200
+    node.refresh_from_db()
+    assert node.labels == {"rack": "r1"} and node.gpu_capacity == 2  # nothing changed
+    assert JoinToken.objects.filter(uses=1).count() == 1  # the refused attempt used no token
+    # A wrong credential is no better than none.
+    _, other = create_join_token(cluster)
+    assert post(client, "register", hijack | {"credential": "orn_guess"}, other).status_code == 409
+
+
+def test_an_operator_lets_a_node_register_again(client, cluster, registered):
+    node = Node.objects.get(pk=registered["nodeId"])
+    assert allow_reregistration(node) == 1
+    assert post(client, "heartbeat", report(seq=1), registered["credential"]).status_code == 401
+    _, join = create_join_token(cluster)
+    assert post(client, "register", description(), join).status_code == 201
+
+
+def test_a_new_node_is_not_ready_until_its_first_heartbeat(client, cluster, registered, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters.services.aggregation import flush_heartbeats
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    settings.NODE_RECOVERY = 30
+    assert not NodeLastSeen.objects.filter(node_id=registered["nodeId"]).exists()
+    later = timezone.now() + timedelta(seconds=35)
+    assert run_node_lifecycle(later).ready == []  # registered 35 s ago, never heard from
+    assert Node.objects.get(pk=registered["nodeId"]).state == NodeState.NOT_READY
+    post(client, "heartbeat", report(seq=1), registered["credential"])
+    flush_heartbeats()
+    assert NodeLastSeen.objects.filter(node_id=registered["nodeId"]).exists()
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        ({"boot_id": "b\x00"}, "boot_id"),
+        ({"labels": {"rack": "r\x00"}}, "labels"),
+        ({"agent_version": "0\x00"}, "agent_version"),
+        ({"labels": {f"k{i}": "v" for i in range(65)}}, "labels"),
+    ],
+    ids=["nul-boot", "nul-label", "nul-version", "too-many-labels"],
+)
+def test_a_nul_or_an_oversized_field_in_a_registration_is_400(client, cluster, change, path):
+    _, join = create_join_token(cluster)
+    answer = post(client, "register", description() | change, join)
+    assert answer.status_code == 400 and answer.json()["errors"][0]["path"] == path
+
+
+# --- the attacker's side: reports about attempts ----------------------------------------------------
+
+
+@pytest.fixture
+def placed(client, cluster, registered, alice, queue):
+    """A job of alice's placed on gpu-001, and a second node (gpu-002) of the same cluster."""
+    from scheduling.engine.cache import SchedulerCache
+    from scheduling.engine.cycle import run_cycle
+    from scheduling.models import JobAttempt
+    from tests.factories import make_job
+
+    Node.objects.filter(pk=registered["nodeId"]).update(state=NodeState.READY)
+    job = make_job(alice, queue, gpus=1, placement={"clusters": ["rack-a"]})
+    assert run_cycle(SchedulerCache()).placed == 1
+    _, join = create_join_token(cluster)
+    other = post(client, "register", description("gpu-002"), join).json()
+    return {
+        "job": job,
+        "attempt": str(JobAttempt.objects.get(job=job).pk),
+        "node": registered,
+        "other": other,
+    }
+
+
+def attempts(client, node: dict, reports=(), logs=()):
+    body = {"node": node["node"], "reports": list(reports), "logs": list(logs)}
+    return post(client, "attempts", body, node["credential"])
+
+
+def test_output_is_kept_only_for_attempts_placed_on_the_reporting_node(client, placed):
+    from scheduling.selectors import log_tail
+
+    chunk = {"attempt": placed["attempt"], "offset": 0, "data": "alice's secret output\n"}
+    answer = attempts(client, placed["other"], logs=[chunk])  # gpu-002 writes into gpu-001's job
+    assert answer.status_code == 200
+    assert answer.json()["errors"] == [{"path": "logs[0]", "message": "not an attempt placed on this node"}]
+    assert log_tail(placed["job"].pk, 10) == ([], False)
+    assert attempts(client, placed["node"], logs=[chunk]).json()["errors"] == []
+    assert log_tail(placed["job"].pk, 10) == (["alice's secret output"], False)
+
+
+def test_an_absurd_offset_cannot_freeze_a_log(client, placed):
+    from scheduling.selectors import log_tail
+
+    far = {"attempt": placed["attempt"], "offset": 1 << 39, "data": "x"}
+    beyond = {"attempt": placed["attempt"], "offset": 1 << 50, "data": "x"}
+    answer = attempts(client, placed["node"], logs=[far, beyond]).json()
+    assert [e["path"] for e in answer["errors"]] == ["logs[0]", "logs[1]"]
+    first = {"attempt": placed["attempt"], "offset": 0, "data": "epoch 1\n"}
+    assert attempts(client, placed["node"], logs=[first]).json()["errors"] == []
+    assert log_tail(placed["job"].pk, 10) == (["epoch 1"], False)  # the log still follows
+
+
+def test_a_nul_byte_in_output_is_stored_and_later_reports_flow(client, placed):
+    from scheduling.models import Job
+    from scheduling.selectors import log_tail
+
+    nul = {"attempt": placed["attempt"], "offset": 0, "data": "before\x00after\n"}
+    answer = attempts(client, placed["node"], logs=[nul])
+    assert answer.status_code == 200 and answer.json()["errors"] == []
+    assert log_tail(placed["job"].pk, 10) == (["before\ufffdafter"], False)
+    more = {"attempt": placed["attempt"], "offset": len(b"before\x00after\n"), "data": "next\n"}
+    running = {"attempt": placed["attempt"], "state": "running"}
+    assert attempts(client, placed["node"], reports=[running], logs=[more]).json()["applied"] == 1
+    assert log_tail(placed["job"].pk, 10)[0] == ["before\ufffdafter", "next"]
+    assert Job.objects.get(pk=placed["job"].pk).state == "RUNNING"
+
+
+def test_one_bad_item_is_refused_alone(client, placed):
+    from scheduling.models import Job
+
+    answer = attempts(
+        client,
+        placed["node"],
+        reports=[
+            {"attempt": "not-a-uuid", "state": "running"},
+            {"attempt": placed["attempt"], "state": "running"},
+            {"attempt": placed["attempt"], "state": "failed", "exit_code": 999},
+            {"attempt": placed["attempt"], "state": "failed", "reason": "r\x00"},
+        ],
+        logs=[{"attempt": placed["attempt"], "offset": -1, "data": "x"}],
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert [e["path"] for e in body["errors"]] == [
+        "logs[0]",
+        "reports[0]",
+        "reports[2].exit_code",
+        "reports[3].reason",
+    ]
+    assert body["applied"] == 1 and Job.objects.get(pk=placed["job"].pk).state == "RUNNING"

@@ -76,7 +76,7 @@ def world(plane, tmp_path):
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
     cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
-    _, join = create_join_token(cluster)
+    _, join = create_join_token(cluster, max_uses=None)  # the whole lab joins with one token
     _, token = issue_token(alice)
     agents: dict[str, subprocess.Popen] = {}
 
@@ -256,7 +256,7 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
     cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
-    _, join = create_join_token(cluster)
+    _, join = create_join_token(cluster, max_uses=None)  # the whole lab joins with one token
     _, token = issue_token(alice)
     plane["server"].stop()  # this test serves with gunicorn, the production WSGI server
     port = free_port()

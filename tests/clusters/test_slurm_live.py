@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import TestCase
 from django.utils import timezone
 
 from clusters.adapters.slurm.inventory import collect
@@ -35,14 +36,15 @@ pytestmark = pytest.mark.django_db
 def test_onboarding_tests_the_connection_and_reads_the_nodes(slurm, tmp_path):
     ensure_catalog()
     out = StringIO()
-    call_command(
-        "add_cluster",
-        kind="slurm",
-        name="hpc",
-        url=slurm["ORRERY_SLURM_URL"],
-        token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
-        stdout=out,
-    )
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the collector's heartbeats, after commit
+        call_command(
+            "add_cluster",
+            kind="slurm",
+            name="hpc",
+            url=slurm["ORRERY_SLURM_URL"],
+            token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
+            stdout=out,
+        )
     assert "Cluster hpc (slurm, v0.0.38): 4 nodes, 16 GPUs." in out.getvalue()
     cluster = Cluster.objects.get(name="hpc")
     assert (cluster.kind, cluster.state) == (ClusterKind.SLURM, ClusterState.READY)
@@ -285,7 +287,8 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     from tests.factories import make_job
 
     cluster = _onboard(slurm)
-    take_inventories()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        take_inventories()
     flush_heartbeats()
     running = make_job(
         alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
@@ -312,7 +315,8 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
         assert Job.objects.get(pk=running.pk).state == JobState.RUNNING  # running work is left alone
     finally:
         subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
-    assert take_inventories() == 1
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the collector's heartbeats, after commit
+        assert take_inventories() == 1
     flush_heartbeats()
     run_node_lifecycle(now=timezone.now() + timedelta(seconds=31))  # NODE_RECOVERY of good reports
     cluster.refresh_from_db()

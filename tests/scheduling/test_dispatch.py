@@ -349,9 +349,9 @@ def test_in_a_gang_only_the_heads_success_ends_the_job(alice, queue, fleet):
         Allocation.objects.filter(job=gang, gpu__isnull=True).values_list("node_id", flat=True)
     )
     done = {"attempt": attempt, "state": "succeeded", "exit_code": 0}
-    assert apply_reports(member, [done], []) == {"applied": 0, "ignored": 1}
+    assert apply_reports(member, [done], []) == {"applied": 0, "ignored": 1, "refused_logs": []}
     assert Job.objects.get(pk=gang.pk).state == JobState.RUNNING
-    assert apply_reports(head, [done], []) == {"applied": 1, "ignored": 0}
+    assert apply_reports(head, [done], []) == {"applied": 1, "ignored": 0, "refused_logs": []}
     assert Job.objects.get(pk=gang.pk).state == JobState.SUCCEEDED
 
 
@@ -363,7 +363,7 @@ def test_in_a_gang_any_failure_ends_the_job(alice, queue, fleet):
     drain_outbox()
     member = max(Allocation.objects.filter(job=gang, gpu__isnull=True).values_list("node_id", flat=True))
     failed = {"attempt": attempt_of(gang), "state": "failed", "exit_code": 2}
-    assert apply_reports(member, [failed], []) == {"applied": 1, "ignored": 0}
+    assert apply_reports(member, [failed], []) == {"applied": 1, "ignored": 0, "refused_logs": []}
     assert (Job.objects.get(pk=gang.pk).state, Job.objects.get(pk=gang.pk).exit_code) == (JobState.FAILED, 2)
 
 
@@ -376,5 +376,5 @@ def test_a_report_from_a_node_the_attempt_does_not_hold_is_fenced_out(alice, que
     held = Allocation.objects.filter(job=job, gpu__isnull=True).values_list("node_id", flat=True).get()
     elsewhere = Node.objects.exclude(pk=held).values_list("pk", flat=True).first()
     report = {"attempt": attempt_of(job), "state": "failed", "exit_code": 1}
-    assert apply_reports(elsewhere, [report], []) == {"applied": 0, "ignored": 1}
+    assert apply_reports(elsewhere, [report], []) == {"applied": 0, "ignored": 1, "refused_logs": []}
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING

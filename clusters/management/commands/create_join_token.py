@@ -1,4 +1,7 @@
+from datetime import timedelta
+
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from clusters.choices import ClusterKind, ClusterState
 from clusters.models import Cluster
@@ -14,8 +17,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("cluster")
         parser.add_argument("--name", default="default", help="a label to tell tokens apart")
+        parser.add_argument(
+            "--uses", type=int, default=1, help="how many machines it admits (default 1; 0: any number)"
+        )
+        parser.add_argument(
+            "--expires-in",
+            type=int,
+            default=None,
+            metavar="SECONDS",
+            help="how long it is valid (default ORRERY_JOIN_TOKEN_TTL_S, an hour)",
+        )
 
-    def handle(self, *args, cluster: str, name: str, **options) -> None:
+    def handle(self, *args, cluster: str, name: str, uses: int, expires_in: int | None, **options) -> None:
+        if uses < 0 or (expires_in is not None and expires_in <= 0):
+            raise CommandError("--uses must be 0 or more and --expires-in more than 0")
         target, created = Cluster.objects.get_or_create(
             name=cluster, defaults={"kind": ClusterKind.NATIVE, "state": ClusterState.ONBOARDING}
         )
@@ -25,5 +40,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Cluster '{cluster}' is of kind {target.kind}: its nodes are reported by a collector."
             )
-        _, plaintext = create_join_token(target, name=name)
+        expires_at = timezone.now() + timedelta(seconds=expires_in) if expires_in else None
+        token, plaintext = create_join_token(target, name=name, expires_at=expires_at, max_uses=uses or None)
+        self.stderr.write(
+            f"Valid until {token.expires_at:%Y-%m-%d %H:%M:%S %Z} for "
+            + (f"{uses} machine(s)." if uses else "any number of machines.")
+        )
         self.stdout.write(plaintext)
