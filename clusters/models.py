@@ -6,6 +6,8 @@ guarded by check constraints, so no code path can write a negative or inconsiste
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -20,6 +22,7 @@ from clusters.choices import (
     NodeState,
     PowerState,
 )
+from foundation.sealing import seal, unseal
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
@@ -107,14 +110,24 @@ class Cluster(models.Model):
 
 
 class ClusterSecret(models.Model):
-    """Credentials of a cluster (a slurmrestd JWT, a kubeconfig), apart from ``Cluster.config``."""
+    """Credentials of a cluster (a slurmrestd JWT, a kubeconfig), apart from ``Cluster.config``,
+    sealed at rest (``foundation.sealing``): the column holds ciphertext only. ``data`` reads and
+    writes the plaintext mapping."""
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="secret")
-    data = models.JSONField(default=dict)
+    sealed = models.TextField(blank=True, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
         return f"secret of {self.cluster.name}"
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return unseal(self.sealed)
+
+    @data.setter
+    def data(self, value: dict[str, Any]) -> None:
+        self.sealed = seal(value)
 
 
 class Node(models.Model):

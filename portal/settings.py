@@ -61,6 +61,28 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+
+
+def _secrets_keys() -> list[str]:
+    """Keys that seal cluster secrets at rest (``foundation.sealing``), newest first."""
+    keys = env_list("ORRERY_SECRETS_KEYS", "")
+    if keys:
+        return keys
+    if PRODUCTION:
+        raise ImproperlyConfigured(
+            "ORRERY_SECRETS_KEYS must be set when ORRERY_ENVIRONMENT=production "
+            "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')."
+        )
+    path = DATA_DIR / "secrets_key"  # development: one key per data folder, kept
+    if not path.exists():
+        from cryptography.fernet import Fernet
+
+        path.write_text(Fernet.generate_key().decode())
+        path.chmod(0o600)
+    return [path.read_text().strip()]
+
+
+ORRERY_SECRETS_KEYS = _secrets_keys()
 ALLOWED_HOSTS = env_list("ORRERY_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("ORRERY_CSRF_TRUSTED_ORIGINS", "")
 

@@ -29,6 +29,7 @@ PRODUCTION = {
     "ORRERY_ALLOWED_HOSTS": "orrery.example.org",
     "DATABASE_URL": "postgres://orrery:secret@db.example.org:5432/orrery",
     "REDIS_URL": "redis://cache.example.org:6379/0",
+    "ORRERY_SECRETS_KEYS": "QkZ0x2aDq9l8yq3n0w9eJ8m6uV1t4r7s2p5o3i0u1y8=",
 }
 
 
@@ -41,10 +42,11 @@ def test_check_deploy_passes_with_production_variables(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-def test_production_needs_a_secret_key(tmp_path):
-    env = {k: v for k, v in PRODUCTION.items() if k != "ORRERY_SECRET_KEY"}
+@pytest.mark.parametrize("needed", ["ORRERY_SECRET_KEY", "ORRERY_SECRETS_KEYS"])
+def test_production_needs_its_keys(tmp_path, needed):
+    env = {k: v for k, v in PRODUCTION.items() if k != needed}
     result = run("import django; django.setup()", tmp_path, **env)
-    assert result.returncode != 0 and "ORRERY_SECRET_KEY" in result.stderr
+    assert result.returncode != 0 and needed in result.stderr
 
 
 def test_embedded_default_is_sqlite_wal_and_in_memory_layers(tmp_path):

@@ -21,7 +21,8 @@ _BOOT = uuid.uuid4().hex  # one "boot" per collector process: its sequence numbe
 
 
 def client_for(cluster: Cluster) -> SlurmClient:
-    secret = ClusterSecret.objects.filter(cluster=cluster).values_list("data", flat=True).first() or {}
+    row = ClusterSecret.objects.filter(cluster=cluster).first()
+    secret = row.data if row is not None else {}
     return SlurmClient(
         cluster.config.get("url", ""), secret.get("token", ""), cluster.config.get("user", "root")
     )
