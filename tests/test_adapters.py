@@ -166,7 +166,7 @@ def test_every_kind_has_an_adapter():
     assert set(ADAPTERS) == {ClusterKind.NATIVE, ClusterKind.SIMULATED, ClusterKind.SLURM}
     for kind in ADAPTERS:
         adapter = adapter_for(kind)
-        assert adapter.kind == kind and adapter.dispatch_batch >= 1
+        assert adapter.kind == kind and adapter.dispatch_batch >= 1 and isinstance(adapter.runs_images, bool)
         assert all(callable(getattr(adapter, op)) for op in ("inventory", "dispatch", "sync", "cancel"))
     with pytest.raises(LookupError, match="kubernetes"):
         adapter_for(ClusterKind.KUBERNETES)

@@ -183,6 +183,8 @@ class ClusterAdapter(Protocol):
     sync_every_s: ClassVar[float | None]
     #: At most this many attempts are handed to one ``dispatch`` call.
     dispatch_batch: ClassVar[int]
+    #: Whether a job given as a container image (``spec.image``) can run there.
+    runs_images: ClassVar[bool]
 
     def inventory(self, cluster: Cluster) -> Inventory: ...
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
 from scheduling.models import Queue
@@ -49,10 +50,16 @@ def build_requests(
             for i, name in enumerate(spec.clusters)
             if name not in known
         ]
+    clusters = list(spec.clusters)
+    if spec.image and not errors:
+        clusters, refusal = image_clusters(spec.clusters)
+        if refusal:
+            errors.append((f"{p}spec.image", refusal))
     if errors:
         raise SpecError(errors)
 
     normalised = normalised_spec(spec, queue, gpu_model.slug if gpu_model else None)
+    normalised["placement"]["clusters"] = clusters
     base = dict(
         queue=queue,
         gpu_model=gpu_model,
@@ -63,7 +70,7 @@ def build_requests(
         time_limit_s=spec.time_limit_s,
         command=spec.run,
         priority=spec.priority,
-        placement={"clusters": spec.clusters, "nodeSelector": spec.node_selector},
+        placement={"clusters": clusters, "nodeSelector": spec.node_selector},
         retries=spec.retries,
         failover_policy=spec.failover,
     )
@@ -78,6 +85,18 @@ def build_requests(
         labels = spec.labels | {"orrery.io/array": spec.name, "orrery.io/array-index": str(index)}
         requests.append(JobRequest(name=f"{spec.name}-{index}", labels=labels, spec=task, **base))
     return requests
+
+
+def image_clusters(asked: list[str]) -> tuple[list[str], str]:
+    """Where a container-image job may go: the clusters asked for (or all) whose kind runs
+    images, and a refusal when there is none — at submission, never after placement."""
+    rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
+    kinds = dict(rows.values_list("name", "kind"))
+    able = sorted(name for name, kind in kinds.items() if kind in ADAPTERS and adapter_for(kind).runs_images)
+    if able:
+        return able, ""
+    where = f"none of the clusters {', '.join(sorted(kinds))}" if asked else "no cluster in this fleet"
+    return [], f"{where} can run container images; give `run` (a shell command) instead"
 
 
 def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[str, Any]:

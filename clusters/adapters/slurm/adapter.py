@@ -60,6 +60,7 @@ class SlurmAdapter:
     """A real Slurm cluster through slurmrestd (JWT) and ``sbatch`` (to pin node lists)."""
 
     kind: ClassVar[str] = ClusterKind.SLURM
+    runs_images: ClassVar[bool] = False
     pulls_inventory: ClassVar[bool] = True
     dispatch_batch: ClassVar[int] = 200
     sync_every_s: ClassVar[float | None] = 5.0

@@ -350,3 +350,30 @@ def test_gpu_model_is_resolved_from_aliases(api, alice, gpus, model):
     job = Job.objects.get()
     assert (job.gpu_model.slug if job.gpu_model else None) == model
     assert response.json()["resources"]["gpus"]["model"] == model
+
+
+def test_an_image_job_goes_only_where_images_run(api, alice):
+    from tests.factories import make_cluster, make_node
+
+    lab = make_cluster("lab", kind="native")
+    make_node(lab, gpus=8, model="h100", name="lab-1")
+    image_only = job_spec(spec__image="ghcr.io/acme/train:1", spec__run=DELETE)
+    answer = post_json(api(alice), image_only)
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["spec"]["placement"]["clusters"] == ["sim-a"]  # not the native lab
+    assert Job.objects.get(pk=answer.json()["id"]).placement["clusters"] == ["sim-a"]
+
+
+def test_an_image_job_for_clusters_that_cannot_run_images_is_refused_at_submission(api, alice):
+    from tests.factories import make_cluster, make_node
+
+    lab = make_cluster("lab", kind="native")
+    make_node(lab, gpus=8, model="h100", name="lab-1")
+    pinned = job_spec(
+        spec__image="ghcr.io/acme/train:1", spec__run=DELETE, spec__placement={"clusters": ["lab"]}
+    )
+    answer = post_json(api(alice), pinned)
+    assert answer.status_code == 400
+    assert error_paths(answer) == ["spec.image"]
+    assert "none of the clusters lab can run container images" in answer.content.decode()
+    assert not Job.objects.exists()
