@@ -96,6 +96,16 @@ def test_a_node_drained_in_slurm_is_drained_in_orrery(slurm):
     assert Node.objects.get(cluster=cluster, name="n3").state == NodeState.NOT_READY  # back to the lifecycle
 
 
+def slurm_job(name: str, run: str, gpus: str = "a100:1", **spec) -> dict:
+    """A job spec for the dev Slurm cluster ``hpc``, in alice's project."""
+    return {
+        "apiVersion": "orrery/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "project": "vision"},
+        "spec": {"resources": {"gpus": gpus}, "run": run, "placement": {"clusters": ["hpc"]}, **spec},
+    }
+
+
 def _onboard(slurm) -> Cluster:
     ensure_catalog()
     call_command(
@@ -163,13 +173,7 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice
     as_alice = api(alice)
 
     def submit(name: str, run: str, gpus: str = "a100:1", **spec) -> int:
-        body = {
-            "apiVersion": "orrery/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "project": "vision"},
-            "spec": {"resources": {"gpus": gpus}, "run": run, "placement": {"clusters": ["hpc"]}, **spec},
-        }
-        answer = as_alice.post("/api/v1/jobs", body, format="json")
+        answer = as_alice.post("/api/v1/jobs", slurm_job(name, run, gpus, **spec), format="json")
         assert answer.status_code == 201, answer.content
         return answer.json()["id"]
 
@@ -218,16 +222,7 @@ def test_holds_in_orrery_and_in_slurm(slurm, api, alice, queue):
         check=True,
     ).stdout.strip()
     try:
-        body = {
-            "apiVersion": "orrery/v1",
-            "kind": "Job",
-            "metadata": {"name": "waits", "project": "vision"},
-            "spec": {
-                "resources": {"gpus": "a100:4"},
-                "run": "echo ran",
-                "placement": {"clusters": ["hpc"]},
-            },
-        }
+        body = slurm_job("waits", "echo ran", "a100:4")
         Node.objects.filter(cluster=cluster).exclude(name="n1").update(state=NodeState.CORDONED)
         answer = as_alice.post("/api/v1/jobs", body, format="json")
         assert answer.status_code == 201, answer.content
@@ -339,17 +334,7 @@ def test_a_slurm_job_sees_nothing_of_the_control_plane(slurm, api, alice, queue,
     cluster = _onboard(slurm)
     monkeypatch.setenv("ORRERY_CANARY_SECRET", "canary-7f3a9")
     monkeypatch.setenv("DATABASE_URL", "postgres://orrery:canary-7f3a9@db/orrery")
-    body = {
-        "apiVersion": "orrery/v1",
-        "kind": "Job",
-        "metadata": {"name": "nosy", "project": "vision"},
-        "spec": {
-            "resources": {"gpus": "a100:1"},
-            "run": "env; echo done",
-            "env": {"GREETING": "a,ORRERY_INJECTED=1", "QUOTE": "it's $(id)"},
-            "placement": {"clusters": ["hpc"]},
-        },
-    }
+    body = slurm_job("nosy", "env; echo done", env={"GREETING": "a,ORRERY_INJECTED=1", "QUOTE": "it's $(id)"})
     job = api(alice).post("/api/v1/jobs", body, format="json").json()["id"]
     assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
 
