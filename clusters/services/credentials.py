@@ -29,6 +29,7 @@ from clusters.models import (
     NodeCredential,
     NodeLastSeen,
 )
+from clusters.services.nodes import set_node_state
 from foundation.secrets import digest, new_secret
 
 JOIN_PREFIX, NODE_PREFIX, CLUSTER_PREFIX = "orj_", "orn_", "orc_"
@@ -211,9 +212,9 @@ def register_node(join_token: str, description: NodeDescription, current: str = 
                 "or ask an operator to let it register again"
             )
         NodeLastSeen.objects.filter(node=existing).delete()
-        if existing.state == NodeState.READY:
-            Node.objects.filter(pk=existing.pk).update(
-                state=NodeState.NOT_READY, state_reason="registered again"
+        if existing.state == NodeState.READY:  # through the one place node states change (history)
+            set_node_state(
+                existing, NodeState.NOT_READY, {NodeState.READY}, actor=None, reason="registered again"
             )
     node = upsert_node(cluster, description)
     for old in NodeCredential.objects.filter(node=node, revoked_at__isnull=True):

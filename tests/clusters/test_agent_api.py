@@ -7,7 +7,7 @@ from django.test import Client
 
 from clusters.choices import GpuHealth, NodeState
 from clusters.ingest.buffer import get_buffer
-from clusters.models import GpuDevice, JoinToken, Node, NodeCredential, NodeLastSeen
+from clusters.models import GpuDevice, JoinToken, Node, NodeCredential, NodeEvent, NodeLastSeen
 from clusters.services.credentials import (
     allow_reregistration,
     create_join_token,
@@ -253,8 +253,14 @@ def test_an_operator_lets_a_node_register_again(client, cluster, registered):
     node = Node.objects.get(pk=registered["nodeId"])
     assert allow_reregistration(node) == 1
     assert post(client, "heartbeat", report(seq=1), registered["credential"]).status_code == 401
+    Node.objects.filter(pk=node.pk).update(state=NodeState.READY)
     _, join = create_join_token(cluster)
     assert post(client, "register", description(), join).status_code == 201
+    node.refresh_from_db()  # not ready until the new agent's first heartbeat, and the history says why
+    assert node.state == NodeState.NOT_READY
+    assert NodeEvent.objects.filter(
+        node=node, to_state=NodeState.NOT_READY, reason="registered again"
+    ).exists()
 
 
 def test_a_new_node_is_not_ready_until_its_first_heartbeat(client, cluster, registered, settings):
