@@ -52,3 +52,11 @@ class GpuVendor(models.TextChoices):
 class AliasKind(models.TextChoices):
     ALIAS = "alias", "Alias users may type"
     PRODUCT = "product", "Vendor product string"
+
+
+class Identity(models.TextChoices):
+    """Whose POSIX account a user's work runs under on a cluster."""
+
+    ACCOUNTS = "accounts", "Mapped accounts (an operator maps each user)"
+    SAME_NAME = "same_name", "Same name (the Orrery user name, resolved on the nodes)"
+    SHARED = "shared", "Shared service account (single tenant: no isolation between users)"

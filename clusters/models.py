@@ -19,6 +19,7 @@ from clusters.choices import (
     ClusterState,
     GpuHealth,
     GpuVendor,
+    Identity,
     NodeState,
     PowerState,
 )
@@ -27,6 +28,12 @@ from foundation.sealing import seal, unseal
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
     "Use lowercase letters, digits and dashes; start and end with a letter or digit.",
+)
+# A portable POSIX user name (what useradd accepts by default): no option-like leading dash,
+# nothing a shell, a path or sbatch's argument parsing would read twice.
+POSIX_NAME = r"^[a-z_][a-z0-9_-]{0,31}$"
+posix_name_validator = RegexValidator(
+    POSIX_NAME, "A POSIX user name: lowercase letters, digits, '_' and '-', starting with a letter or '_'."
 )
 
 
@@ -91,6 +98,12 @@ class Cluster(models.Model):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     labels = models.JSONField(default=dict, blank=True, help_text='e.g. {"region": "eu-west"}')
     config = models.JSONField(default=dict, blank=True, help_text="Connection settings without secrets.")
+    identity = models.CharField(
+        max_length=16,
+        choices=Identity.choices,
+        default=Identity.ACCOUNTS,
+        help_text="Whose POSIX account each user's work runs under on this cluster.",
+    )
     energy_price_per_kwh = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     carbon_g_per_kwh = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -107,6 +120,33 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class PosixAccount(models.Model):
+    """The POSIX account an Orrery user's work runs under on one cluster (``Cluster.identity``
+    ``accounts``). The name is resolved on the cluster itself (the node's user database, or
+    Slurm's), so uid, gid and groups are the site's, never Orrery's."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="accounts")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="posix_accounts"
+    )
+    username = models.CharField(
+        max_length=32,
+        validators=[posix_name_validator],
+        help_text="The account's name on the cluster's machines (never root).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "user"], name="posix_account_one_per_cluster"),
+            models.CheckConstraint(condition=~Q(username="root"), name="posix_account_not_root"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.username}@{self.cluster}"
 
 
 class ClusterSecret(models.Model):

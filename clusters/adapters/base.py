@@ -93,6 +93,12 @@ class Work:
     remote_id: str = ""
     started_at: float | None = None
     simulation: Simulation | None = None
+    #: The POSIX account the attempt runs as (``clusters.services.identity``): a name, ""
+    #: for the cluster's shared service account, None when the user has no account there.
+    run_as: str | None = ""
+    #: A container image to run the script in ("" for none); an empty script runs the image's
+    #: own command.
+    image: str = ""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -185,6 +191,9 @@ class ClusterAdapter(Protocol):
     dispatch_batch: ClassVar[int]
     #: Whether a job given as a container image (``spec.image``) can run there.
     runs_images: ClassVar[bool]
+    #: Whether users' code really runs there, under a POSIX account (``Work.run_as``); a kind
+    #: that only pretends needs no account.
+    runs_user_code: ClassVar[bool]
 
     def inventory(self, cluster: Cluster) -> Inventory: ...
 

@@ -20,6 +20,7 @@ from clusters.models import Cluster, GpuDevice, Node
 class NativeAdapter:
     kind: ClassVar[str] = ClusterKind.NATIVE
     runs_images: ClassVar[bool] = False  # podman on agents is not there yet
+    runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = False
     dispatch_batch: ClassVar[int] = 5000
     sync_every_s: ClassVar[float | None] = None  # agents push their reports

@@ -138,7 +138,7 @@ class JobListView(GenericAPIView):
     def post(self, request: Request) -> Response:
         spec = parse_job_spec(_document(request.data))
         queue = submission_queue(request.user, spec.project, spec.queue)
-        requests = build_requests(spec, queue)
+        requests = build_requests(spec, queue, owner=request.user)
         if len(requests) != 1:
             raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
         if _flag(request, "dryRun"):
@@ -182,7 +182,7 @@ class JobBatchView(APIView):
                         request.user, spec.project, spec.queue, path=f"jobs[{i}]"
                     )
                 queue = queues[spec.project, spec.queue]
-                requests += build_requests(spec, queue, path=f"jobs[{i}]", models=models)
+                requests += build_requests(spec, queue, owner=request.user, path=f"jobs[{i}]", models=models)
             except SpecError as exc:
                 errors += exc.errors
             if len(requests) > MAX_BATCH_JOBS:

@@ -266,7 +266,7 @@ def submit_demo_jobs(count: int = 2) -> int:
         }
         try:
             spec = parse_job_spec(document)
-            requests = build_requests(spec, submission_queue(actor, spec.project, spec.queue))
+            requests = build_requests(spec, submission_queue(actor, spec.project, spec.queue), owner=actor)
             submit_jobs(requests, actor=actor)
             accepted += 1
         except (SpecError, TooManyPending):

@@ -59,6 +59,10 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
                 "epoch": work.epoch,
                 "script": work.script,
                 "env": dict(work.env),
+                # the POSIX account to run as: a name, "" for the cluster's shared account,
+                # None when the job's owner has none here (the agent refuses to start it)
+                "user": work.run_as,
+                "image": work.image,
                 "gpus": list(work.shares[ranks.index(node_id)].gpu_indices),
                 "time_limit_s": work.time_limit_s,
                 "nnodes": len(ranks),

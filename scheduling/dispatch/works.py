@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from clusters.adapters.base import Share, Simulation, Work
+from clusters.services.identity import run_as_names
 from scheduling.models import Allocation, JobAttempt
 
 
@@ -38,6 +39,8 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
             "job__command",
             "job__spec",
             "job__time_limit_s",
+            "cluster_id",
+            "job__owner_id",
         )
     }
     if not rows:
@@ -53,11 +56,16 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
         share = shares[attempt].setdefault(node_id, (node, []))
         if gpu is not None:
             share[1].append(gpu)
-    return [_work(pk, rows[pk], shares[pk]) for pk in (order or rows) if pk in rows]
+    accounts = run_as_names((row[-2], row[-1]) for row in rows.values())
+    return [
+        _work(pk, rows[pk], shares[pk], accounts[(rows[pk][-2], rows[pk][-1])])
+        for pk in (order or rows)
+        if pk in rows
+    ]
 
 
-def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]]) -> Work:
-    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s = row
+def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
+    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, _, _ = row
     spec = spec or {}
     sim = spec.get("sim")
     return Work(
@@ -74,10 +82,13 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]]) -> 
         simulation=Simulation(sim.get("durationSeconds"), sim.get("exitCode") or 0)
         if isinstance(sim, dict)
         else None,
+        run_as=run_as,
+        image=str(spec.get("image") or ""),
     )
 
 
 def shell_command(command: str, setup: str, workdir: str) -> str:
-    """The script an attempt runs: into the work dir, the setup, then the command."""
+    """The script an attempt runs: into the work dir, the setup, then the command (none: a
+    container image's own command)."""
     parts = [f"cd {shlex.quote(workdir)}"] if workdir else []
-    return " && ".join([*parts, *([setup] if setup else []), command])
+    return " && ".join([*parts, *([setup] if setup else []), *([command] if command else [])])

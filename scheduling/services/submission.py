@@ -9,16 +9,19 @@ from typing import Any
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
+from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
 from scheduling.services.jobs import JobRequest
 from scheduling.spec import JobSpec, SpecError
 
 
 def build_requests(
-    spec: JobSpec, queue: Queue, *, path: str = "", models: dict[str, Any] | None = None
+    spec: JobSpec, queue: Queue, *, owner: Any, path: str = "", models: dict[str, Any] | None = None
 ) -> list[JobRequest]:
     """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``.
-    ``models`` memoises GPU model names across the specs of one batch."""
+    ``owner`` is the submitting user: the job goes only to clusters where that user has a POSIX
+    account. ``models`` memoises lookups (GPU models, accounts) across the specs of one batch of
+    one owner."""
     p = f"{path}." if path else ""
     errors: list[tuple[str, str]] = []
     gpu_model = None
@@ -55,6 +58,14 @@ def build_requests(
         clusters, refusal = image_clusters(spec.clusters)
         if refusal:
             errors.append((f"{p}spec.image", refusal))
+    if not errors:
+        memo = {} if models is None else models  # one batch: same owner, often the same clusters
+        key = ("accounts", tuple(clusters), bool(spec.clusters))
+        if key not in memo:
+            memo[key] = account_clusters(owner, clusters, explicit=bool(spec.clusters))
+        clusters, refusals = memo[key]
+        clusters = list(clusters)
+        errors += [(f"{p}{field}", why) for field, why in refusals]
     if errors:
         raise SpecError(errors)
 
@@ -97,6 +108,31 @@ def image_clusters(asked: list[str]) -> tuple[list[str], str]:
         return able, ""
     where = f"none of the clusters {', '.join(sorted(kinds))}" if asked else "no cluster in this fleet"
     return [], f"{where} can run container images; give `run` (a shell command) instead"
+
+
+def account_clusters(
+    owner: Any, names: list[str], *, explicit: bool
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Narrow ``names`` (empty: every cluster) to the clusters where ``owner`` has a POSIX account.
+    Clusters the user named (``explicit``) without an account there are refused one by one;
+    otherwise the job is refused only when no cluster at all is left. An empty list back means
+    "anywhere" (every cluster qualifies)."""
+    rows = Cluster.objects.filter(name__in=names) if names else Cluster.objects.all()
+    eligible = eligible_clusters(owner, rows.only("pk", "name", "kind", "identity"))
+    if explicit:
+        order = {name: i for i, name in enumerate(names)}
+        return eligible.names, [
+            (f"spec.placement.clusters[{order[name]}]", why) for name, why in sorted(eligible.refused.items())
+        ]
+    if not eligible.refused:
+        return list(names), []
+    if eligible.names:
+        return eligible.names, []
+    where = ", ".join(sorted(eligible.refused))
+    first = next(iter(sorted(eligible.refused.values())))
+    return [], [
+        ("spec.placement.clusters", f"no cluster this job may use lets you run work ({where}); {first}")
+    ]
 
 
 def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[str, Any]:

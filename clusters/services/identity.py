@@ -1,0 +1,114 @@
+"""Whose POSIX account a user's work runs under on each cluster.
+
+A cluster's ``identity`` says how an Orrery user becomes a POSIX account there:
+
+* ``accounts`` — an operator maps each user (``PosixAccount``, in the console or the API); a
+  user without a mapping cannot run work on that cluster, and is told so at submission.
+* ``same_name`` — the Orrery user name is the account name, resolved by the cluster's own user
+  database (LDAP, SSSD…); names that are not valid POSIX names are refused.
+* ``shared`` — one service account for everyone: a single-tenant cluster, no isolation
+  between users (see docs/security.md).
+
+Kinds that do not really run users' code (simulated clusters) need no account.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+
+from clusters.adapters.registry import ADAPTERS, adapter_for
+from clusters.choices import Identity
+from clusters.models import POSIX_NAME, Cluster, PosixAccount
+
+_POSIX_NAME = re.compile(POSIX_NAME)
+
+
+@dataclass(frozen=True)
+class Eligible:
+    """Clusters a user's work may run on, out of those considered: ``names`` (sorted), and for
+    each cluster refused, why."""
+
+    names: list[str]
+    refused: dict[str, str]
+
+
+def needs_account(kind: str) -> bool:
+    """Whether work on a cluster of this kind runs under a POSIX account (kinds with no adapter
+    yet are treated as if they did: they get no one's work without an account)."""
+    return kind not in ADAPTERS or adapter_for(kind).runs_user_code
+
+
+def eligible_clusters(user: Any, clusters: Iterable[Cluster]) -> Eligible:
+    """Of ``clusters``, those where ``user``'s work can run under an account, in two queries."""
+    rows = list(clusters)
+    mapped = set(
+        PosixAccount.objects.filter(user=user, cluster__in=[c.pk for c in rows]).values_list(
+            "cluster_id", flat=True
+        )
+    )
+    names, refused = [], {}
+    for cluster in rows:
+        why = _refusal(user, cluster, cluster.pk in mapped)
+        if why:
+            refused[cluster.name] = why
+        else:
+            names.append(cluster.name)
+    return Eligible(sorted(names), refused)
+
+
+def _refusal(user: Any, cluster: Cluster, mapped: bool) -> str:
+    if not needs_account(cluster.kind) or cluster.identity == Identity.SHARED:
+        return ""
+    if cluster.identity == Identity.SAME_NAME:
+        if _POSIX_NAME.fullmatch(user.get_username()):
+            return ""
+        return (
+            f"cluster '{cluster.name}' runs work under the account of your user name, and "
+            f"'{user.get_username()[:64]}' is not a POSIX user name"
+        )
+    if mapped:
+        return ""
+    return (
+        f"you have no POSIX account on cluster '{cluster.name}': an operator must map your user "
+        "to one (console: Clusters → POSIX accounts, or PUT /api/v1/clusters/"
+        f"{cluster.name}/accounts/{user.get_username()[:64]})"
+    )
+
+
+def run_as_names(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str | None]:
+    """For ``(cluster id, user id)`` pairs, the POSIX account each runs as: a name, "" for the
+    cluster's shared account, None where the user has no account. Three queries at most."""
+    wanted = set(pairs)
+    if not wanted:
+        return {}
+    cluster_ids = {c for c, _ in wanted}
+    user_ids = {u for _, u in wanted}
+    rows = list(Cluster.objects.filter(pk__in=cluster_ids).values_list("pk", "identity", "kind"))
+    identities = {pk: identity for pk, identity, _ in rows}
+    kinds = {pk: kind for pk, _, kind in rows}
+    accounts = {
+        (c, u): name
+        for c, u, name in PosixAccount.objects.filter(
+            cluster_id__in=cluster_ids, user_id__in=user_ids
+        ).values_list("cluster_id", "user_id", "username")
+    }
+    names: dict[int, str] = {}
+    if any(identities.get(c) == Identity.SAME_NAME for c, _ in wanted):
+        model = get_user_model()
+        names = dict(model.objects.filter(pk__in=user_ids).values_list("pk", model.USERNAME_FIELD))
+    result: dict[tuple[int, int], str | None] = {}
+    for cluster_id, user_id in wanted:
+        identity = identities.get(cluster_id)
+        if identity == Identity.SHARED or not needs_account(kinds.get(cluster_id, "")):
+            result[(cluster_id, user_id)] = ""
+        elif identity == Identity.SAME_NAME:
+            name = names.get(user_id, "")
+            result[(cluster_id, user_id)] = name if _POSIX_NAME.fullmatch(name) else None
+        else:
+            result[(cluster_id, user_id)] = accounts.get((cluster_id, user_id))
+    return result
