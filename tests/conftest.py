@@ -1,4 +1,5 @@
 import os
+import pwd
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -81,3 +82,20 @@ def slurm():
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
     yield env | {"script": script}
     subprocess.run([script, "down"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def unix_users() -> Any:
+    """Two real Unix accounts, ``orrt-alice`` and ``orrt-bob`` (home directories, their own
+    groups), created for this test run and removed at its end with everything they ran. The
+    tests that use them run as root, as an agent or a Slurm submit host does."""
+    assert os.geteuid() == 0, "the identity tests create Unix users: run the suite as root"
+    names = ("orrt-alice", "orrt-bob")
+    for name in names:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    yield {name.removeprefix("orrt-"): pwd.getpwnam(name) for name in names}
+    for name in names:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
