@@ -96,11 +96,13 @@ def wait(condition, what: str, timeout: float = 30.0):
 def spawn_agent(
     server: str, join: str, work_dir: Path, name: str, gpus: str, *extra: str
 ) -> subprocess.Popen:
-    """A real ``orrery-agent`` process with fake GPUs, logging to ``<work_dir>.log``."""
-    argv = [sys.executable, "-m", "clusters.agent", "--server", server, "--join-token", join]
+    """A real ``orrery-agent`` process with fake GPUs, logging to ``<work_dir>.log``; the join
+    token goes through the environment, as on a real node (never on the command line)."""
+    argv = [sys.executable, "-m", "clusters.agent", "--server", server]
     argv += ["--fake-gpus", gpus, "--work-dir", str(work_dir), "--name", name, "--grace", "1", *extra]
+    env = os.environ | {"ORRERY_JOIN_TOKEN": join}
     with open(f"{work_dir}.log", "a") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
 
 def squeue(job_id: str, fmt: str = "%T") -> str:

@@ -22,7 +22,7 @@ from django.db import close_old_connections
 
 from clusters.adapters.base import ClusterAdapter
 from clusters.adapters.registry import ADAPTERS, adapter_for
-from clusters.choices import ClusterKind, NodeState
+from clusters.choices import ClusterKind, Identity, NodeState
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.services.credentials import create_join_token
 from clusters.services.onboarding import onboard_slurm
@@ -106,7 +106,7 @@ def simulated_world() -> Iterator[World]:
 def native_world(live_server, settings, tmp_path) -> Iterator[World]:
     settings.ORRERY_HEARTBEAT_INTERVAL = 1
     ensure_catalog()
-    cluster = make_cluster("lab", kind=ClusterKind.NATIVE)
+    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, identity=Identity.SHARED)
     _, join = create_join_token(cluster)
     work = tmp_path / "agent"
     agent = spawn_agent(live_server.url, join, work, "n1", "a100:2")

@@ -99,6 +99,9 @@ class Work:
     #: A container image to run the script in ("" for none); an empty script runs the image's
     #: own command.
     image: str = ""
+    #: What the job asked for on each node (0: nothing asked), for limits where a kind sets them.
+    cpu_millicores: int = 0
+    memory_bytes: int = 0
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -191,6 +194,8 @@ class ClusterAdapter(Protocol):
     dispatch_batch: ClassVar[int]
     #: Whether a job given as a container image (``spec.image``) can run there.
     runs_images: ClassVar[bool]
+    #: When set, only the nodes carrying this label run images (agents that have podman).
+    image_label: ClassVar[str | None]
     #: Whether users' code really runs there, under a POSIX account (``Work.run_as``); a kind
     #: that only pretends needs no account.
     runs_user_code: ClassVar[bool]

@@ -19,7 +19,8 @@ from clusters.models import Cluster, GpuDevice, Node
 
 class NativeAdapter:
     kind: ClassVar[str] = ClusterKind.NATIVE
-    runs_images: ClassVar[bool] = False  # podman on agents is not there yet
+    runs_images: ClassVar[bool] = True
+    image_label: ClassVar[str | None] = "orrery.io/containers"  # agents that found podman say so
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = False
     dispatch_batch: ClassVar[int] = 5000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -14,26 +15,50 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orrery-agent", description="Orrery node agent.")
     parser.add_argument("--version", action="version", version=f"orrery-agent {VERSION}")
     parser.add_argument("--server", required=True, help="e.g. http://orrery.example.org")
-    parser.add_argument("--join-token", help="needed the first time, to get this node's credential")
+    parser.add_argument(
+        "--join-token-file",
+        type=Path,
+        help="a file holding the join token, needed the first time to get this node's credential "
+        "(or the environment variable ORRERY_JOIN_TOKEN; never on the command line, where any "
+        "local user could read it)",
+    )
     parser.add_argument("--name", help="node name (default: the host name)")
     parser.add_argument("--fake-gpus", help="MODEL:COUNT, for machines without GPUs, e.g. a100:2")
     parser.add_argument("--work-dir", default="/var/lib/orrery-agent", type=Path)
     parser.add_argument("--labels", default="", help="k=v,k=v")
     parser.add_argument("--address", help="address other nodes reach this one at (gang jobs' head)")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument(
+        "--shared-user",
+        default="nobody",
+        help="the account work runs as on clusters with a shared identity (default nobody)",
+    )
+    parser.add_argument(
+        "--podman-arg",
+        action="append",
+        default=[],
+        help="an extra argument for every `podman run` (repeat it), e.g. --podman-arg=--runtime=runc",
+    )
+    parser.add_argument("--no-cgroups", action="store_true", help="process groups only (not isolated)")
     parser.add_argument("--once", action="store_true", help="one round, then exit (for checks)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     labels = dict(item.split("=", 1) for item in args.labels.split(",") if "=" in item)
+    join_token = os.environ.pop("ORRERY_JOIN_TOKEN", None)
+    if args.join_token_file:
+        join_token = args.join_token_file.read_text().strip()
     agent = Agent(
         args.server,
         args.work_dir,
-        join_token=args.join_token,
+        join_token=join_token,
         name=args.name,
         fake_gpus=args.fake_gpus,
         labels=labels,
         address=args.address,
         grace=args.grace,
+        shared_user=args.shared_user,
+        podman_args=tuple(args.podman_arg),
+        use_cgroups=not args.no_cgroups,
     )
     if args.once:
         agent.step()

@@ -3,7 +3,9 @@ it does not, and report — surviving a server outage without losing a report.
 
 Everything it must remember lives in its work directory: the node credential (0600), the
 attempts it runs (``attempts/``, see ``runner``) and the reports not yet delivered
-(``spool.jsonl``, replayed in order when the server answers again).
+(``spool.jsonl``, replayed in order when the server answers again). Everything it writes is its
+own user's alone (umask 077); only ``jobs/`` is shared, one directory per attempt, each owned by
+the account the attempt runs as.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from clusters.agent.runner import Runner
+from clusters.agent.cgroups import Cgroups
+from clusters.agent.runner import Refused, Runner
 from clusters.agent.telemetry import CpuMeter, Gpus, boot_id, cpu_count_millicores, memory_bytes
 
 log = logging.getLogger("orrery.agent")
@@ -41,7 +44,11 @@ class Agent:
         labels: dict[str, str] | None = None,
         address: str | None = None,
         grace: float = 10.0,
+        shared_user: str = "nobody",
+        podman_args: tuple[str, ...] = (),
+        use_cgroups: bool = True,
     ) -> None:
+        os.umask(0o077)
         self.server = server.rstrip("/")
         self.work = work_dir
         self.work.mkdir(parents=True, exist_ok=True)
@@ -50,7 +57,21 @@ class Agent:
         self.gpus = Gpus(fake_gpus, self.name)
         self.labels = dict(labels or {})
         self.labels.setdefault("orrery.io/address", address or _my_address())
-        self.runner = Runner(self.work, grace=grace)
+        cgroups, why = Cgroups.detect() if use_cgroups else (None, "turned off")
+        if cgroups is None:
+            log.warning("no cgroups (%s): attempts are limited to their process group", why)
+        self.runner = Runner(
+            self.work,
+            grace=grace,
+            shared_user=shared_user,
+            podman_args=podman_args,
+            cgroups=cgroups,
+            real_gpus=not fake_gpus,
+        )
+        # What this node offers, for placement and for operators to see.
+        self.labels["orrery.io/isolation"] = cgroups.name if cgroups else "process-group"
+        if self.runner.podman:
+            self.labels["orrery.io/containers"] = "podman"
         self.cpu = CpuMeter()
         self.boot = boot_id()
         self.seq = int(time.time() * 1000)  # grows across agent restarts of one boot
@@ -74,7 +95,10 @@ class Agent:
 
     def register(self) -> None:
         if not self.join_token:
-            raise SystemExit("no node credential in the work directory and no --join-token to get one")
+            raise SystemExit(
+                "no node credential in the work directory and no join token to get one "
+                "(--join-token-file or ORRERY_JOIN_TOKEN)"
+            )
         total, _ = memory_bytes()
         body = {
             "name": self.name,
@@ -151,7 +175,14 @@ class Agent:
         for attempt_id, entry in wanted.items():
             if attempt_id in self.runner.attempts or (self.runner.root / attempt_id / "reported").exists():
                 continue
-            self.runner.start(entry, dict(os.environ))
+            try:
+                self.runner.start(entry)
+            except (Refused, OSError) as exc:
+                log.warning("refused %s (job %s): %s", attempt_id, entry["job"], exc)
+                reason = f"not started: {exc}"[:500]
+                self._spool([{"attempt": attempt_id, "state": "failed", "reason": reason}])
+                self.runner.refuse(attempt_id)
+                continue
             log.info("started %s (job %s) on GPUs %s", attempt_id, entry["job"], entry.get("gpus"))
             self._spool([{"attempt": attempt_id, "state": "running", "node_rank": entry.get("node_rank", 0)}])
 

@@ -1,24 +1,62 @@
-"""Running attempts as real process groups, and reporting what became of them.
+"""Running attempts as the users they belong to, and reporting what became of them.
 
-Each attempt runs in its own session (its own process group), under ``/bin/sh``, with its
-output in ``WORK/attempts/<id>/output.log``. The shell writes the command's exit status to
-``exit_code`` when it ends, and the group's id is kept in ``pgid``, so an agent that restarts
-finds its attempts again: it can still stop them, and learn how they ended.
+Each attempt has two directories:
 
-Stopping is SIGTERM to the whole group, then SIGKILL after ``grace`` seconds.
+* its **state** (``WORK/attempts/<id>/``, root's, mode 0700): ``output.log`` (the captured
+  output, which the job's own user cannot open), ``exit_code``, ``meta.json``, the marks of
+  what was shipped and reported;
+* its **job directory** (``WORK/jobs/<id>/``, owned by the account the attempt runs as, mode
+  0700): the job's working directory, with its script and environment file.
+
+The attempt runs under ``/bin/sh`` as the job owner's POSIX account (``entry["user"]``,
+resolved in the node's own user database: uid, gid and supplementary groups) through
+``setpriv``, with a clean environment (the spec's ``env``, ``ORRERY_*``,
+``CUDA_VISIBLE_DEVICES``, ``HOME``, ``USER``, ``LOGNAME``, ``PATH``) that is applied only after
+the privileges are dropped. A container-image attempt runs under ``podman`` as that same
+account. The outer shell, root's, writes the job's exit status to ``exit_code`` when it ends,
+so an agent that restarts finds its attempts again and learns how they ended.
+
+Each attempt has its own cgroup (``cgroups``): CPU and memory limits from the job's request,
+and a stop that reaches every process it started (SIGTERM to all, SIGKILL to all after
+``grace`` seconds), however it forked. Without cgroups (an agent not running as root) the
+process group is all there is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import pwd
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from clusters.agent.cgroups import Cgroups, Group
+
+log = logging.getLogger("orrery.agent")
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Refused(Exception):
+    """An attempt this node will not start; the message says why (it becomes the attempt's)."""
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
 
 
 @dataclass
@@ -33,13 +71,32 @@ class Attempt:
     stop_reason: str = ""  # "cancelled" or "timeout" once we stop it
     shipped: int = 0  # bytes of output already sent
     reported: set[str] = field(default_factory=set)
+    group: Group | None = None
+    container: str = ""  # the podman container's name, for an image attempt
 
 
 class Runner:
-    def __init__(self, work_dir: Path, grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        grace: float = 10.0,
+        *,
+        shared_user: str = "nobody",
+        podman_args: tuple[str, ...] = (),
+        cgroups: Cgroups | None = None,
+        real_gpus: bool = False,
+    ) -> None:
         self.root = work_dir / "attempts"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.jobs = work_dir / "jobs"
+        for directory, mode in ((work_dir, 0o711), (self.root, 0o700), (self.jobs, 0o711)):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(mode)  # jobs may pass through to their own directory, never list
         self.grace = grace
+        self.shared_user = shared_user
+        self.podman_args = tuple(podman_args)
+        self.podman = shutil.which("podman")
+        self.cgroups = cgroups
+        self.real_gpus = real_gpus
         self.attempts: dict[str, Attempt] = {}
         self._adopt()
 
@@ -51,49 +108,190 @@ class Runner:
                 continue
             info = json.loads(meta.read_text())
             self.attempts[directory.name] = Attempt(
-                directory.name, info["pgid"], directory, info["started"], info.get("time_limit")
+                directory.name,
+                info["pgid"],
+                directory,
+                info["started"],
+                info.get("time_limit"),
+                group=self.cgroups.group(directory.name) if self.cgroups and info.get("cgroup") else None,
+                container=info.get("container", ""),
             )
 
+    # --- who runs it ------------------------------------------------------------------------
+    def account(self, user: str | None) -> Account:
+        """The POSIX account an attempt runs as: the named one ("" is the node's shared
+        account), resolved on this node. Never root."""
+        if user is None:
+            raise Refused("the job's owner has no POSIX account on this cluster")
+        name = user or self.shared_user
+        if os.geteuid() != 0:
+            own = pwd.getpwuid(os.geteuid())
+            if user and user != own.pw_name:
+                raise Refused(f"the agent does not run as root: it cannot start work as '{user}'")
+            name = own.pw_name
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise Refused(f"no user '{name}' on node's user database") from None
+        if entry.pw_uid == 0:
+            raise Refused(f"'{name}' is root: work never runs as root")
+        groups = tuple(g for g in os.getgrouplist(name, entry.pw_gid) if g != 0)
+        return Account(name, entry.pw_uid, entry.pw_gid, groups or (entry.pw_gid,), entry.pw_dir)
+
     # --- starting ---------------------------------------------------------------------------
-    def start(self, entry: dict[str, Any], env_base: dict[str, str]) -> Attempt:
-        directory = self.root / entry["attempt"]
-        directory.mkdir(parents=True, exist_ok=True)
-        gpus = ",".join(str(i) for i in entry.get("gpus") or [])
+    def refuse(self, attempt_id: str) -> None:
+        """Remember an attempt that was refused, so it is never started later."""
+        state = self.root / attempt_id
+        state.mkdir(mode=0o700, exist_ok=True)
+        (state / "reported").write_text("failed")
+
+    def start(self, entry: dict[str, Any]) -> Attempt:
+        """Start one attempt; raises ``Refused`` (nothing started) when it cannot run here."""
+        account = self.account(entry.get("user", ""))
+        image = str(entry.get("image") or "")
+        if image and not self.podman:
+            raise Refused("this node cannot run container images (no podman)")
+        env = self._environment(entry, account)
+        state, job = self.root / entry["attempt"], self.jobs / entry["attempt"]
+        state.mkdir(mode=0o700, exist_ok=True)
+        shutil.rmtree(job, ignore_errors=True)  # a start that crashed half-way
+        job.mkdir(mode=0o700)
+        files = {".orrery-env": _exports(env), ".orrery-script": str(entry.get("script") or "")}
+        for name, text in files.items():
+            (job / name).write_text(text)
+            os.chown(job / name, account.uid, account.gid)
+        os.chown(job, account.uid, account.gid)
+        group = None
+        if self.cgroups is not None:
+            group = self.cgroups.group(entry["attempt"])
+            group.create(int(entry.get("cpu_millicores") or 0), int(entry.get("memory_bytes") or 0))
+        container = f"orrery-{entry['attempt']}" if image else ""
+        if image:
+            (state / "env.list").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+            command = self._podman(entry, account, job, state / "env.list", container, group)
+        else:
+            command = self._as_user(account)
+        exit_file = state / "exit_code"
+        # Root's shell runs the job's command and records how it ended, even if the agent that
+        # started it is gone by then; nothing of the job's environment reaches it.
+        wrapper = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
+        fd = os.open(state / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as output:
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", wrapper],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={"PATH": SAFE_PATH},
+                cwd=job,
+                start_new_session=True,
+                preexec_fn=group.join if group else None,
+            )
+        limit = entry.get("time_limit_s")
+        attempt = Attempt(
+            entry["attempt"],
+            popen.pid,
+            state,
+            time.time(),
+            float(limit) if limit else None,
+            popen,
+            group=group,
+            container=container,
+        )
+        (state / "meta.json").write_text(
+            json.dumps(
+                {
+                    "pgid": popen.pid,
+                    "started": attempt.started,
+                    "time_limit": attempt.time_limit,
+                    "user": account.name,
+                    "cgroup": group is not None,
+                    "container": container,
+                }
+            )
+        )
+        self.attempts[attempt.id] = attempt
+        return attempt
+
+    def _environment(self, entry: dict[str, Any], account: Account) -> dict[str, str]:
+        """The whole environment of the job: nothing of the agent's."""
+        gpus = list(entry.get("gpus") or [])
         env = {
-            **env_base,
+            "PATH": SAFE_PATH,
+            "HOME": account.home,
+            "USER": account.name,
+            "LOGNAME": account.name,
             **{str(k): str(v) for k, v in (entry.get("env") or {}).items()},
-            "CUDA_VISIBLE_DEVICES": gpus,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus),
             "ORRERY_JOB_ID": str(entry["job"]),
             "ORRERY_ATTEMPT": str(entry.get("number", 1)),
             "ORRERY_ATTEMPT_ID": entry["attempt"],
             "ORRERY_NNODES": str(entry.get("nnodes", 1)),
             "ORRERY_NODE_RANK": str(entry.get("node_rank", 0)),
             "ORRERY_HEAD_ADDR": str(entry.get("head_addr", "")),
-            "ORRERY_GPUS_PER_NODE": str(len(entry.get("gpus") or [])),
+            "ORRERY_GPUS_PER_NODE": str(len(gpus)),
         }
-        exit_file = directory / "exit_code"
-        # The subshell runs the job; the outer shell records how it ended, even if the agent
-        # that started it is gone by then.
-        wrapper = f'( {entry["script"]} ); echo $? > "{exit_file}"'
-        with open(directory / "output.log", "ab") as output:
-            popen = subprocess.Popen(
-                ["/bin/sh", "-c", wrapper],
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=directory,
-                start_new_session=True,
-            )
-        limit = entry.get("time_limit_s")
-        attempt = Attempt(
-            entry["attempt"], popen.pid, directory, time.time(), float(limit) if limit else None, popen
-        )
-        (directory / "meta.json").write_text(
-            json.dumps({"pgid": popen.pid, "started": attempt.started, "time_limit": attempt.time_limit})
-        )
-        self.attempts[attempt.id] = attempt
-        return attempt
+        if bad := [k for k in env if not ENV_NAME.fullmatch(k)]:
+            raise Refused(f"not an environment variable name: {bad[0][:64]!r}")
+        if entry.get("image") and any("\n" in v or "\0" in v for v in env.values()):
+            raise Refused("a container's environment cannot hold a value with a newline")
+        return env
+
+    @staticmethod
+    def _as_user(account: Account) -> list[str]:
+        """Drop to the account (no way back: no new privileges), then clear the environment
+        and read the job's own from its file, then run its script."""
+        return [
+            "/usr/bin/setpriv",
+            f"--reuid={account.uid}",
+            f"--regid={account.gid}",
+            f"--groups={','.join(str(g) for g in account.groups)}",
+            "--no-new-privs",
+            "--",
+            "/usr/bin/env",
+            "-i",
+            "/bin/sh",
+            "-c",
+            ". ./.orrery-env && exec /bin/sh ./.orrery-script",
+        ]
+
+    def _podman(
+        self,
+        entry: dict[str, Any],
+        account: Account,
+        job: Path,
+        env_file: Path,
+        name: str,
+        group: Group | None,
+    ) -> list[str]:
+        argv = [
+            self.podman or "podman",
+            "run",
+            "--rm",
+            f"--name={name}",
+            f"--user={account.uid}:{account.gid}",
+            *(f"--group-add={g}" for g in account.groups if g != account.gid),
+            "--security-opt=no-new-privileges",
+            "--cap-drop=all",
+            "--network=host",  # gang members reach their head like plain attempts do
+            f"--env-file={env_file}",
+            f"--volume={job}:{job}",
+            f"--workdir={job}",
+            "--pull=missing",
+            *self.podman_args,
+        ]
+        if group is not None:
+            argv.append(f"--cgroup-parent={group.relative}")
+        if entry.get("memory_bytes"):
+            argv.append(f"--memory={int(entry['memory_bytes'])}")
+        if entry.get("cpu_millicores"):
+            argv.append(f"--cpus={int(entry['cpu_millicores']) / 1000:g}")
+        if self.real_gpus:  # through the NVIDIA Container Toolkit's CDI specification
+            argv += [f"--device=nvidia.com/gpu={i}" for i in entry.get("gpus") or []]
+        argv.append(str(entry["image"]))
+        if entry.get("script"):
+            argv += ["/bin/sh", f"{job}/.orrery-script"]
+        return argv
 
     # --- stopping -----------------------------------------------------------------------------
     def stop(self, attempt_id: str, reason: str = "cancelled") -> None:
@@ -102,6 +300,8 @@ class Runner:
             return
         attempt.stopping_since, attempt.stop_reason = time.time(), reason
         _signal_group(attempt.pgid, signal.SIGTERM)
+        if attempt.group is not None:
+            attempt.group.signal(signal.SIGTERM)  # also what left the process group
 
     def running_ids(self) -> list[str]:
         return list(self.attempts)
@@ -119,7 +319,7 @@ class Runner:
             ):
                 self.stop(attempt.id, "timeout")
             if attempt.stopping_since is not None and now - attempt.stopping_since > self.grace:
-                _signal_group(attempt.pgid, signal.SIGKILL)
+                self._kill(attempt)
             if self._alive(attempt):
                 continue
             reports.append(self._ended(attempt))
@@ -129,14 +329,30 @@ class Runner:
         if attempt.popen is not None:
             if attempt.popen.poll() is None:
                 return True
-        elif not (attempt.directory / "exit_code").exists() and _group_alive(attempt.pgid):
+        elif not (attempt.directory / "exit_code").exists() and (
+            attempt.group.pids() if attempt.group is not None else _group_alive(attempt.pgid)
+        ):
             # adopted after a restart: the exit_code file, not the process group id (which may
             # have been reused), says that it ended
             return True
-        # The shell is gone; make sure nothing of the group lingers.
+        # The shell is gone; make sure nothing it started lingers, however it forked.
+        self._kill(attempt)
+        if attempt.group is not None:
+            attempt.group.remove()
+        return False
+
+    def _kill(self, attempt: Attempt) -> None:
         if _group_alive(attempt.pgid):
             _signal_group(attempt.pgid, signal.SIGKILL)
-        return False
+        if attempt.group is not None and not attempt.group.kill():
+            log.warning("processes of %s survive SIGKILL (uninterruptible sleep?)", attempt.id)
+        if attempt.container and self.podman:
+            subprocess.run(
+                [self.podman, "rm", "--force", "--time=0", attempt.container],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
 
     def _ended(self, attempt: Attempt) -> dict[str, Any]:
         exit_file = attempt.directory / "exit_code"
@@ -200,6 +416,11 @@ class Runner:
     def mark_shipped(chunks: list[dict[str, Any]]) -> None:
         for chunk in chunks:
             (Path(chunk["_dir"]) / "shipped").write_text(str(chunk["_end"]))
+
+
+def _exports(env: dict[str, str]) -> str:
+    """The job's environment as a file its own shell reads, each value quoted."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -63,6 +63,8 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
                 # None when the job's owner has none here (the agent refuses to start it)
                 "user": work.run_as,
                 "image": work.image,
+                "cpu_millicores": work.cpu_millicores,
+                "memory_bytes": work.memory_bytes,
                 "gpus": list(work.shares[ranks.index(node_id)].gpu_indices),
                 "time_limit_s": work.time_limit_s,
                 "nnodes": len(ranks),

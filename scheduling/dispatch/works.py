@@ -39,6 +39,8 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
             "job__command",
             "job__spec",
             "job__time_limit_s",
+            "job__cpu_millicores_per_node",
+            "job__memory_bytes_per_node",
             "cluster_id",
             "job__owner_id",
         )
@@ -65,7 +67,7 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
 
 
 def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
-    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, _, _ = row
+    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, _, _ = row
     spec = spec or {}
     sim = spec.get("sim")
     return Work(
@@ -84,6 +86,8 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         else None,
         run_as=run_as,
         image=str(spec.get("image") or ""),
+        cpu_millicores=cpu or 0,
+        memory_bytes=memory or 0,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from clusters.adapters.registry import ADAPTERS, adapter_for
-from clusters.models import Cluster
+from clusters.models import Cluster, Node
 from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
 from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
@@ -54,8 +54,10 @@ def build_requests(
             if name not in known
         ]
     clusters = list(spec.clusters)
+    selector = dict(spec.node_selector)
     if spec.image and not errors:
-        clusters, refusal = image_clusters(spec.clusters)
+        clusters, labels, refusal = image_clusters(spec.clusters)
+        selector |= {label: "podman" for label in labels}  # only the nodes that run images
         if refusal:
             errors.append((f"{p}spec.image", refusal))
     if not errors:
@@ -71,6 +73,7 @@ def build_requests(
 
     normalised = normalised_spec(spec, queue, gpu_model.slug if gpu_model else None)
     normalised["placement"]["clusters"] = clusters
+    normalised["placement"]["nodeSelector"] = selector
     base = dict(
         queue=queue,
         gpu_model=gpu_model,
@@ -81,7 +84,7 @@ def build_requests(
         time_limit_s=spec.time_limit_s,
         command=spec.run,
         priority=spec.priority,
-        placement={"clusters": clusters, "nodeSelector": spec.node_selector},
+        placement={"clusters": clusters, "nodeSelector": selector},
         retries=spec.retries,
         failover_policy=spec.failover,
     )
@@ -98,16 +101,25 @@ def build_requests(
     return requests
 
 
-def image_clusters(asked: list[str]) -> tuple[list[str], str]:
+def image_clusters(asked: list[str]) -> tuple[list[str], set[str], str]:
     """Where a container-image job may go: the clusters asked for (or all) whose kind runs
-    images, and a refusal when there is none — at submission, never after placement."""
+    images — where only labelled nodes do (agents with podman), clusters that have one — the
+    node labels placement must then require, and a refusal when there is no such cluster: at
+    submission, never after placement."""
     rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
-    kinds = dict(rows.values_list("name", "kind"))
-    able = sorted(name for name, kind in kinds.items() if kind in ADAPTERS and adapter_for(kind).runs_images)
+    named = dict(rows.values_list("name", "kind"))
+    kinds = {name: adapter_for(kind) for name, kind in named.items() if kind in ADAPTERS}
+    labelled = {
+        name: Node.objects.filter(cluster__name=name, labels__has_key=adapter.image_label).exists()
+        for name, adapter in kinds.items()
+        if adapter.runs_images and adapter.image_label
+    }
+    able = sorted(name for name, adapter in kinds.items() if adapter.runs_images and labelled.get(name, True))
+    labels = {kinds[name].image_label for name in able if kinds[name].image_label}
     if able:
-        return able, ""
-    where = f"none of the clusters {', '.join(sorted(kinds))}" if asked else "no cluster in this fleet"
-    return [], f"{where} can run container images; give `run` (a shell command) instead"
+        return able, labels, ""
+    where = f"none of the clusters {', '.join(sorted(named))}" if asked else "no cluster in this fleet"
+    return [], set(), f"{where} can run container images; give `run` (a shell command) instead"
 
 
 def account_clusters(

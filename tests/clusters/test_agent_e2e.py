@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from clusters.choices import ClusterKind, ClusterState, NodeState
+from clusters.choices import ClusterKind, ClusterState, Identity, NodeState
 from clusters.models import Node
 from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
@@ -75,7 +75,7 @@ def world(plane, tmp_path):
     ensure_catalog()
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
-    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
+    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY, identity=Identity.SHARED)
     _, join = create_join_token(cluster, max_uses=None)  # the whole lab joins with one token
     _, token = issue_token(alice)
     agents: dict[str, subprocess.Popen] = {}
@@ -255,7 +255,7 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
     ensure_catalog()
     alice = make_user("alice")
     make_queue(make_project("vision", members=(alice,)))
-    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY)
+    cluster = make_cluster("lab", kind=ClusterKind.NATIVE, state=ClusterState.READY, identity=Identity.SHARED)
     _, join = create_join_token(cluster, max_uses=None)  # the whole lab joins with one token
     _, token = issue_token(alice)
     plane["server"].stop()  # this test serves with gunicorn, the production WSGI server

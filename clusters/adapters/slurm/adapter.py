@@ -61,6 +61,7 @@ class SlurmAdapter:
 
     kind: ClassVar[str] = ClusterKind.SLURM
     runs_images: ClassVar[bool] = False
+    image_label: ClassVar[str | None] = None
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
     dispatch_batch: ClassVar[int] = 200
