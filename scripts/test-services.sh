@@ -48,6 +48,13 @@ fi
 # Headless Chromium for the browser tests, from Debian's package (never a tool's own download).
 if ! command -v chromium >/dev/null; then apt_install chromium; fi
 
+# Containers for the agents' image jobs: podman with runc (crun refuses hosts whose cgroups mix
+# v1 and v2), and busybox-static, the root file system the tests build their local image from.
+missing=()
+for tool in podman runc; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing+=(busybox-static)
+if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
 # A throwaway database per run: pytest-django creates test_<name> and drops it afterwards.
 echo "export DATABASE_URL='${ORRERY_TEST_DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/orrery_$$}'"
 echo "export REDIS_URL='${ORRERY_TEST_REDIS_URL:-redis://127.0.0.1:6379/9}'"
