@@ -23,6 +23,7 @@ from clusters.models import (
     NodeCredential,
     NodeEvent,
     NodeLastSeen,
+    PosixAccount,
 )
 from clusters.services.credentials import (
     allow_reregistration,
@@ -71,10 +72,39 @@ class SlurmOnboardForm(forms.Form):
     )
 
 
+class PosixAccountInline(admin.TabularInline):
+    """Which POSIX account each user's work runs under here (identity "mapped accounts")."""
+
+    model = PosixAccount
+    extra = 1
+    fields = ["user", "username", "created_at"]
+    readonly_fields = ["created_at"]
+    autocomplete_fields = ["user"]
+    verbose_name = "POSIX account"
+
+
+@admin.register(PosixAccount)
+class PosixAccountAdmin(admin.ModelAdmin):
+    list_display = ["user", "cluster", "username", "created_at"]
+    list_filter = ["cluster"]
+    search_fields = ["user__username", "username"]
+    autocomplete_fields = ["user"]
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "display_name", "kind", "state", "state_reason", "node_count", "created_at"]
-    list_filter = ["kind", "state"]
+    list_display = [
+        "name",
+        "display_name",
+        "kind",
+        "identity",
+        "state",
+        "state_reason",
+        "node_count",
+        "created_at",
+    ]
+    list_filter = ["kind", "state", "identity"]
+    inlines = [PosixAccountInline]
     search_fields = ["name", "display_name"]
     readonly_fields = ["state_changed_at", "created_at"]
     exclude = ["config"]  # connection settings change through onboarding; secrets are never shown

@@ -112,3 +112,23 @@ def run_as_names(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str 
         else:
             result[(cluster_id, user_id)] = accounts.get((cluster_id, user_id))
     return result
+
+
+def map_account(cluster: Cluster, user: Any, username: str) -> tuple[PosixAccount, bool]:
+    """Map ``user`` to the POSIX account ``username`` on ``cluster`` (replacing a previous
+    mapping); returns the mapping and whether it is new. Raises ``ValueError`` for a name that
+    is not a POSIX user name, or root."""
+    if not _POSIX_NAME.fullmatch(username):
+        raise ValueError(
+            "not a POSIX user name: lowercase letters, digits, '_' and '-', starting with a letter or '_'"
+        )
+    if username == "root":
+        raise ValueError("work never runs as root")
+    return PosixAccount.objects.update_or_create(cluster=cluster, user=user, defaults={"username": username})
+
+
+def unmap_account(cluster: Cluster, user: Any) -> bool:
+    """Remove ``user``'s account mapping on ``cluster``; True if there was one. Attempts not yet
+    started there then fail with a clear reason instead of running under a stale account."""
+    deleted, _ = PosixAccount.objects.filter(cluster=cluster, user=user).delete()
+    return bool(deleted)

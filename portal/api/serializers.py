@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from clusters.models import Cluster, GpuModel, Node, NodeEvent
+from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES
 from scheduling.models import Job, JobEvent
@@ -165,6 +165,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "name",
             "displayName",
             "kind",
+            "identity",
             "state",
             "stateReason",
             "stateChangedAt",
@@ -262,3 +263,15 @@ class TokenSerializer(serializers.ModelSerializer):
 class TokenRequestSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=80, default="default")
     expiresInDays = serializers.IntegerField(min_value=1, max_value=3650, required=False)
+
+
+class PosixAccountSerializer(serializers.ModelSerializer):
+    """Which POSIX account a user's work runs under on a cluster."""
+
+    user = serializers.CharField(source="user.username")
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        model = PosixAccount
+        fields = ["user", "username", "createdAt"]
+        read_only_fields = fields

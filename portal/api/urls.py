@@ -17,6 +17,12 @@ urlpatterns = [
     path("queues", views.QueueListView.as_view(), name="queues"),
     path("clusters", views.ClusterListView.as_view(), name="clusters"),
     path("clusters/<str:name>", views.ClusterDetailView.as_view(), name="cluster"),
+    path("clusters/<str:name>/accounts", views.ClusterAccountListView.as_view(), name="cluster-accounts"),
+    path(
+        "clusters/<str:name>/accounts/<str:username>",
+        views.ClusterAccountView.as_view(),
+        name="cluster-account",
+    ),
     path("nodes", views.NodeListView.as_view(), name="nodes"),
     path("nodes/<int:pk>/events", views.NodeEventsView.as_view(), name="node-events"),
     path("gpu-models", views.GpuModelListView.as_view(), name="gpu-models"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
@@ -26,8 +27,9 @@ from rest_framework.views import APIView
 
 from clusters.adapters.slurm.api import SlurmError
 from clusters.choices import NodeState
-from clusters.models import Cluster, GpuModel, Node, NodeEvent
+from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from clusters.selectors import all_clusters, cluster_by_name, gpu_catalog, node_events, resolve_gpu_model
+from clusters.services.identity import map_account, unmap_account
 from clusters.services.onboarding import onboard_slurm
 from portal.access import (
     access_job,
@@ -50,6 +52,7 @@ from portal.api.serializers import (
     JobSerializer,
     NodeEventSerializer,
     NodeSerializer,
+    PosixAccountSerializer,
     TokenRequestSerializer,
     TokenSerializer,
 )
@@ -356,6 +359,60 @@ class ClusterDetailView(RetrieveAPIView):
 
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"capacity": fleet_capacity([self.cluster.pk])}
+
+
+class ClusterAccountListView(ListAPIView):
+    """The POSIX accounts users' work runs under on a cluster: operators see every mapping, a
+    user only their own."""
+
+    serializer_class = PosixAccountSerializer
+    throttle_classes = [ReadThrottle]
+    pagination_class = None
+
+    def get_queryset(self) -> QuerySet[PosixAccount]:
+        cluster = cluster_by_name(self.kwargs["name"]) or _missing()
+        rows = PosixAccount.objects.filter(cluster=cluster).select_related("user").order_by("user__username")
+        return rows if self.request.user.is_staff else rows.filter(user=self.request.user)
+
+
+class ClusterAccountView(APIView):
+    """``PUT`` maps a user to a POSIX account on a cluster (``{"username": "alice"}``), ``DELETE``
+    removes the mapping: operators only."""
+
+    throttle_classes = [ReadThrottle]
+
+    def _target(self, request: Request, name: str, username: str) -> tuple[Cluster, Any]:
+        if not request.user.is_staff:
+            raise PermissionDenied("Only operators may map accounts.")
+        cluster = cluster_by_name(name) or _missing()
+        user = get_user_model().objects.filter(username=username).first() or _missing()
+        return cluster, user
+
+    @extend_schema(
+        request={"application/json": {"type": "object", "properties": {"username": {"type": "string"}}}},
+        responses={200: PosixAccountSerializer, 201: PosixAccountSerializer, **ERRORS},
+    )
+    def put(self, request: Request, name: str, username: str) -> Response:
+        cluster, user = self._target(request, name, username)
+        body = request.data if isinstance(request.data, dict) else {}
+        posix = body.get("username")
+        if not isinstance(posix, str) or not posix:
+            raise InputError([("username", "the POSIX account name is required")])
+        try:
+            account, created = map_account(cluster, user, posix)
+        except ValueError as exc:
+            raise InputError([("username", str(exc))]) from None
+        return Response(
+            PosixAccountSerializer(account).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(responses={204: None, **ERRORS})
+    def delete(self, request: Request, name: str, username: str) -> Response:
+        cluster, user = self._target(request, name, username)
+        if not unmap_account(cluster, user):
+            _missing()
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class NodeListView(ListAPIView):
