@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from clusters.choices import ClusterKind, ClusterState
+from clusters.choices import ClusterKind, ClusterState, Identity
 from clusters.models import Cluster
 from clusters.services.credentials import create_join_token
 
@@ -27,15 +27,25 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="how long it is valid (default ORRERY_JOIN_TOKEN_TTL_S, an hour)",
         )
+        parser.add_argument(
+            "--identity",
+            choices=Identity.values,
+            default=Identity.ACCOUNTS,
+            help="for a cluster created here: whose POSIX account users' work runs under "
+            "(default accounts: operators map each user; shared: one account, no isolation)",
+        )
 
-    def handle(self, *args, cluster: str, name: str, uses: int, expires_in: int | None, **options) -> None:
+    def handle(
+        self, *args, cluster: str, name: str, uses: int, expires_in: int | None, identity: str, **options
+    ) -> None:
         if uses < 0 or (expires_in is not None and expires_in <= 0):
             raise CommandError("--uses must be 0 or more and --expires-in more than 0")
         target, created = Cluster.objects.get_or_create(
-            name=cluster, defaults={"kind": ClusterKind.NATIVE, "state": ClusterState.ONBOARDING}
+            name=cluster,
+            defaults={"kind": ClusterKind.NATIVE, "state": ClusterState.ONBOARDING, "identity": identity},
         )
         if created:
-            self.stderr.write(f"Created cluster '{cluster}' (kind native).")
+            self.stderr.write(f"Created cluster '{cluster}' (kind native, identity {identity}).")
         elif target.kind != ClusterKind.NATIVE:
             raise CommandError(
                 f"Cluster '{cluster}' is of kind {target.kind}: its nodes are reported by a collector."
