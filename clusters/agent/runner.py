@@ -240,7 +240,11 @@ class Runner:
     @staticmethod
     def _as_user(account: Account) -> list[str]:
         """Drop to the account (no way back: no new privileges), then clear the environment
-        and read the job's own from its file, then run its script."""
+        and read the job's own from its file, then run its script. An agent that is not root
+        runs work as itself: there is nothing to drop."""
+        job = ["/usr/bin/env", "-i", "/bin/sh", "-c", ". ./.orrery-env && exec /bin/sh ./.orrery-script"]
+        if os.geteuid() != 0:
+            return job
         return [
             "/usr/bin/setpriv",
             f"--reuid={account.uid}",
@@ -248,11 +252,7 @@ class Runner:
             f"--groups={','.join(str(g) for g in account.groups)}",
             "--no-new-privs",
             "--",
-            "/usr/bin/env",
-            "-i",
-            "/bin/sh",
-            "-c",
-            ". ./.orrery-env && exec /bin/sh ./.orrery-script",
+            *job,
         ]
 
     def _podman(
