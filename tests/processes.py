@@ -109,3 +109,14 @@ def squeue(job_id: str, fmt: str = "%T") -> str:
     """What the dev Slurm cluster's ``squeue`` says of one job ("" once it is gone)."""
     argv = ["squeue", "-h", "-j", job_id, "-o", fmt]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def scancel_tagged(tag: str) -> None:
+    """Cancel the dev Slurm cluster's live jobs of one Orrery cluster (those carrying its tag),
+    and no one else's."""
+    listed = subprocess.run(["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True, timeout=30)
+    ids = [
+        i for i, _, c in (line.partition("|") for line in listed.stdout.splitlines()) if c == f"orrery:{tag}"
+    ]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30)

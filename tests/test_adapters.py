@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from clusters.adapters.base import ClusterAdapter
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.choices import ClusterKind, Identity, NodeState
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.models import Cluster, GpuDevice, Node, PosixAccount
 from clusters.services.credentials import create_join_token
 from clusters.services.onboarding import onboard_slurm
 from scheduling.choices import JobState
@@ -44,7 +44,7 @@ from tests.factories import (
     make_queue,
     make_user,
 )
-from tests.processes import spawn_agent, squeue
+from tests.processes import scancel_tagged, spawn_agent, squeue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def native_world(live_server, settings, tmp_path) -> Iterator[World]:
 
 
 @pytest.fixture
-def slurm_world(slurm) -> Iterator[World]:
+def slurm_world(slurm, unix_users) -> Iterator[World]:
     ensure_catalog()
     token = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
     cluster, _ = onboard_slurm("hpc", slurm["ORRERY_SLURM_URL"], token, slurm_conf=slurm["SLURM_CONF"])
@@ -148,8 +148,12 @@ def slurm_world(slurm) -> Iterator[World]:
         state = squeue(attempt.remote_id)
         return state in ("", "CANCELLED", "COMPLETED", "FAILED", "TIMEOUT")
 
-    yield World(cluster, "a100-80g", runs_commands=True, stopped=stopped)
-    subprocess.run(["scancel", "--user", "root"], capture_output=True, timeout=30)
+    world = World(cluster, "a100-80g", runs_commands=True, stopped=stopped)
+    PosixAccount.objects.create(
+        cluster=cluster, user=world.queue.project.memberships.get().user, username="orrt-alice"
+    )
+    yield world
+    scancel_tagged(cluster.config["tag"])
 
 
 @pytest.fixture(params=["simulated", "native", "slurm"])

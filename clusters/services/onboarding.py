@@ -8,6 +8,7 @@ from django.db import transaction
 from clusters.adapters.base import Inventory
 from clusters.adapters.slurm.api import SlurmClient, SlurmError
 from clusters.adapters.slurm.inventory import collect
+from clusters.adapters.slurm.tags import new_tag
 from clusters.choices import ClusterKind, ClusterState
 from clusters.models import Cluster, ClusterSecret
 
@@ -18,13 +19,24 @@ def onboard_slurm(
 ) -> tuple[Cluster, Inventory]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
     ``SlurmError`` saying what is wrong (``field`` names the setting at fault); nothing is
-    created then. The token is stored apart from the cluster's settings and never shown back."""
+    created then. The token is stored apart from the cluster's settings and never shown back.
+    Onboarding an existing cluster again (a new token) keeps its job tag: jobs already submitted
+    stay its own."""
     other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
     if other:
         raise SlurmError(f"a {other[0]} cluster is already named {name!r}", "name")
     client = SlurmClient(url, token, user)
     version = client.connect()
-    config = {"url": url, "user": user, "api": version} | ({"slurm_conf": slurm_conf} if slurm_conf else {})
+    before = (
+        Cluster.objects.select_for_update().filter(name=name).values_list("config", flat=True).first() or {}
+    )
+    config = {
+        "url": url,
+        "user": user,
+        "api": version,
+        "tag": before.get("tag") or new_tag(),
+        **({"slurm_conf": slurm_conf} if slurm_conf else {}),
+    }
     cluster, _ = Cluster.objects.update_or_create(
         name=name, defaults={"kind": ClusterKind.SLURM, "config": config}
     )

@@ -6,6 +6,8 @@ Orrery chose; exit codes, cancel, time limits and holds; a killed slurmd; slurmr
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -15,20 +17,23 @@ from django.core.management import CommandError, call_command
 from django.test import TestCase
 from django.utils import timezone
 
+from clusters.adapters.slurm.adapter import SlurmAdapter, submitted
 from clusters.adapters.slurm.inventory import collect
 from clusters.choices import ClusterKind, ClusterState, NodeState
-from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSeen
+from clusters.models import Cluster, ClusterSecret, GpuDevice, Node, NodeLastSeen, PosixAccount
 from clusters.services.aggregation import flush_heartbeats
 from clusters.services.inventory import take_inventories
 from clusters.services.lifecycle import run_node_lifecycle
+from clusters.services.onboarding import onboard_slurm
 from scheduling.choices import JobState
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster
+from scheduling.dispatch.works import load_works
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle import run_cycle
 from scheduling.models import Allocation, Job, JobAttempt
 from tests.factories import ensure_catalog
-from tests.processes import squeue, wait
+from tests.processes import scancel_tagged, squeue, wait
 
 pytestmark = pytest.mark.django_db
 
@@ -122,6 +127,16 @@ def _onboard(slurm) -> Cluster:
     return cluster
 
 
+@pytest.fixture
+def hpc(slurm, alice, unix_users) -> Iterator[Cluster]:
+    """The dev Slurm cluster onboarded as ``hpc``, where alice's work runs as ``orrt-alice``; its
+    jobs left in Slurm are cancelled afterwards."""
+    cluster = _onboard(slurm)
+    PosixAccount.objects.create(cluster=cluster, user=alice, username="orrt-alice")
+    yield cluster
+    scancel_tagged(cluster.config["tag"])
+
+
 def test_operators_onboard_through_the_api(slurm, api, alice, operator, tmp_path):
     ensure_catalog()
     token = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
@@ -168,8 +183,8 @@ def test_the_console_onboards_with_a_connection_test(slurm, client, operator):
     assert "slurmrestd answers (v0.0.38)" in tested.content.decode()
 
 
-def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice, queue):
-    cluster = _onboard(slurm)
+def test_jobs_submitted_through_the_api_run_where_orrery_chose(hpc, api, alice, queue):
+    cluster = hpc
     as_alice = api(alice)
 
     def submit(name: str, run: str, gpus: str = "a100:1", **spec) -> int:
@@ -211,8 +226,8 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(slurm, api, alice
     assert timed_out["exitCode"] is None
 
 
-def test_holds_in_orrery_and_in_slurm(slurm, api, alice, queue):
-    cluster = _onboard(slurm)
+def test_holds_in_orrery_and_in_slurm(hpc, api, alice, queue):
+    cluster = hpc
     as_alice = api(alice)
     # Someone else's job fills n1 in Slurm, so the job Orrery places there waits in Slurm.
     blocker = subprocess.run(
@@ -278,10 +293,10 @@ def test_a_killed_slurmd_takes_its_node_down_then_it_returns(slurm):
     assert Node.objects.get(cluster=cluster, name="n4").state_reason == "slurm: back in service"
 
 
-def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm, alice, queue):
+def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm, hpc, alice, queue):
     from tests.factories import make_job
 
-    cluster = _onboard(slurm)
+    cluster = hpc
     with TestCase.captureOnCommitCallbacks(execute=True):
         take_inventories()
     flush_heartbeats()
@@ -323,7 +338,7 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     subprocess.run(["scancel", JobAttempt.objects.get(job=running).remote_id], timeout=30)
 
 
-def test_a_slurm_job_sees_nothing_of_the_control_plane(slurm, api, alice, queue, monkeypatch):
+def test_a_slurm_job_sees_nothing_of_the_control_plane(hpc, api, alice, queue, monkeypatch):
     """The control plane's environment holds its secrets; a job printing its whole environment
     must find none of them, and values it was given cannot add variables."""
     import os
@@ -331,7 +346,7 @@ def test_a_slurm_job_sees_nothing_of_the_control_plane(slurm, api, alice, queue,
 
     from clusters.adapters.slurm.adapter import output_path
 
-    cluster = _onboard(slurm)
+    cluster = hpc
     monkeypatch.setenv("ORRERY_CANARY_SECRET", "canary-7f3a9")
     monkeypatch.setenv("DATABASE_URL", "postgres://orrery:canary-7f3a9@db/orrery")
     body = slurm_job("nosy", "env; echo done", env={"GREETING": "a,ORRERY_INJECTED=1", "QUOTE": "it's $(id)"})
@@ -351,3 +366,28 @@ def test_a_slurm_job_sees_nothing_of_the_control_plane(slurm, api, alice, queue,
     assert "QUOTE=it's $(id)" in text
     mode = os.stat(output_path(str(JobAttempt.objects.get(job_id=job).pk))).st_mode
     assert stat.S_IMODE(mode) & 0o077 == 0  # readable by its owner only
+
+
+def test_two_orrery_clusters_on_one_slurm_never_touch_each_others_jobs(hpc, slurm, api, alice, queue):
+    token = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
+    other, _ = onboard_slurm("hpc-b", slurm["ORRERY_SLURM_URL"], token, slurm_conf=slurm["SLURM_CONF"])
+    assert other.config["tag"] != hpc.config["tag"]
+    answer = api(alice).post("/api/v1/jobs", slurm_job("mine", "sleep 120"), format="json")
+    assert answer.status_code == 201, answer.content
+    assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
+    attempt = JobAttempt.objects.get(job_id=answer.json()["id"])
+    wait(lambda: squeue(attempt.remote_id) == "RUNNING", "the job to run in Slurm", timeout=60)
+
+    adapter = SlurmAdapter()
+    # A live Slurm job under an attempt's name that B did not ask about: not B's orphan.
+    assert attempt.remote_id not in [o.remote_id for o in adapter.sync(other, []).orphans]
+    # Even under an attempt id B might know (a copy of A's database) B neither adopts the job...
+    known = replace(load_works([attempt.pk])[0], remote_id="")
+    assert adapter.sync(other, [known]).states == []
+    assert submitted(hpc, known.attempt_id, hpc.config["tag"]) == attempt.remote_id
+    assert submitted(other, known.attempt_id, other.config["tag"]) == ""
+    # ...nor cancels it: B's whole sync leaves it running, in Slurm and in A's view.
+    assert sync_cluster(other).cancelled == 0
+    assert squeue(attempt.remote_id) == "RUNNING"
+    sync_cluster(hpc)
+    assert Job.objects.get(pk=attempt.job_id).state == JobState.RUNNING

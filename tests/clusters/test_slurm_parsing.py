@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from clusters.adapters.slurm.api import (
     parse_gres,
     parse_nodes,
 )
+from clusters.adapters.slurm.tags import claim, submitted_job
 from clusters.choices import NodeState
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -205,15 +207,62 @@ def _work(**fields) -> Work:
 
 
 def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
-    argv = sbatch_argv(_work(), "a100")
+    argv = sbatch_argv(_work(), "a100", tag="t1")
     assert argv[:3] == ["sbatch", "--parsable", "--job-name=0b7c"]
     assert "--nodelist=n1,n2" in argv and "--nodes=2" in argv and "--no-requeue" in argv
     assert "--gres=gpu:a100:2" in argv and "--time=2" in argv
     assert "--export=NONE" in argv  # nothing of the control plane's environment
+    assert "--comment=orrery:t1" in argv  # the cluster's tag: its own jobs, and no one else's
     assert not any(a.startswith("--wrap") or ("=" in a and "LR" in a) for a in argv)
     script = batch_script(_work())
     assert script.startswith("#!/bin/sh\n") and script.endswith("cd /w && python train.py\n")
     assert "export ORRERY_ATTEMPT=2\n" in script and "export ORRERY_NNODES=2\n" in script
+
+
+def _job(name: str, job_id: int, comment: str = "", state: str = "RUNNING") -> dict:
+    return {"name": name, "job_id": job_id, "comment": comment, "job_state": state}
+
+
+A, B, C = (str(uuid.UUID(int=i)) for i in (1, 2, 3))
+
+
+def test_a_cluster_claims_only_the_jobs_carrying_its_tag():
+    """What one cluster's sync makes of a job list shared with another Orrery cluster (tag
+    ``other``) and with people submitting by hand."""
+    works = [_work_for(A), _work_for(B, remote_id="21")]
+    jobs = [
+        _job(A, 10, "orrery:other"),  # another cluster's job under an attempt name we ask about
+        _job(A, 11, "orrery:mine"),  # ours, not yet recorded: found
+        _job(A, 12, "orrery:mine"),  # a second job of ours under that name: an orphan
+        _job(B, 20, "orrery:mine"),  # ours, but not the recorded one: an orphan
+        _job(B, 21, ""),  # the recorded one, its comment rewritten (or from before tags): found
+        _job(C, 30, "orrery:other"),  # another cluster's live job: not ours to touch
+        _job(C, 31, "orrery:mine", "COMPLETED"),  # ours, ended: nothing to cancel
+        _job("train.sh", 40, "orrery:mine"),  # not an attempt name
+    ]
+    found, orphans = claim(jobs, works, "mine")
+    assert {name: j["job_id"] for name, j in found.items()} == {A: 11, B: 21}
+    assert [(o.attempt_id, o.remote_id) for o in orphans] == [(A, "12"), (B, "20")]
+    assert claim(jobs, [], "third") == ({}, [])
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("77|orrery:other\n78|orrery:mine\n", "78"),
+        ("77|orrery:other\n", ""),
+        ("79|\n", ""),
+        ("", ""),
+        ("80|orrery:mine|x\n", ""),
+    ],
+    ids=["ours-after-anothers", "anothers-only", "untagged", "none", "a-comment-that-only-starts-alike"],
+)
+def test_a_retried_dispatch_finds_only_its_own_job(output, expected):
+    assert submitted_job(output, "mine") == expected
+
+
+def _work_for(attempt_id: str, remote_id: str = "") -> Work:
+    return Work(attempt_id, 1, 1, 1, "true", {}, (Share(1, "n1", (0,)),), remote_id=remote_id)
 
 
 def test_env_values_cannot_inject_variables_or_commands(tmp_path):

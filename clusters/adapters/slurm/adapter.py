@@ -3,8 +3,9 @@ state sync, output, cancel.
 
 Dispatch uses ``sbatch`` (slurmrestd 22.05 cannot pin a node list) with the cluster's
 ``slurm_conf``; everything else goes through slurmrestd. The Slurm job is named after the
-attempt id, so a retried dispatch finds the job it already submitted instead of submitting it
-twice, and a sync finds every job Orrery ever submitted there.
+attempt id and carries the cluster's tag (``tags``), so a retried dispatch finds the job it
+already submitted instead of submitting it twice, and a sync finds every job this cluster ever
+submitted there, and none of another's.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import os
 import re
 import shlex
 import subprocess
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from clusters.adapters.base import Inventory, LogChunk, Orphan, Phase, RemoteState, Sent, Synced, Work
+from clusters.adapters.base import Inventory, LogChunk, Phase, RemoteState, Sent, Synced, Work
 from clusters.adapters.slurm.api import SlurmError, decode_exit, job_state, raw_job_state
 from clusters.adapters.slurm.inventory import client_for, collect
+from clusters.adapters.slurm.tags import claim, cluster_tag, comment, submitted_job
 from clusters.choices import ClusterKind
 from clusters.models import Cluster, Node
 
@@ -43,7 +44,6 @@ PHASES = {
     "CANCELLED": Phase.CANCELLED,
     "PREEMPTED": Phase.PREEMPTED,
 }
-LIVE = frozenset({"PENDING", "HELD", "RUNNING", "STARTING"})
 
 # Why Slurm keeps a job pending, in words for the job page (the rest are shown as Slurm says).
 SLURM_PENDING = {
@@ -75,27 +75,21 @@ class SlurmAdapter:
         of one work (any error: a refused ``sbatch``, an undecodable answer) is that work's
         error; the others go on."""
         gres = _gres_types(cluster, works)
+        tag = cluster_tag(cluster)
         for work in works:
             try:
-                yield Sent(work.attempt_id, remote_id=submit(cluster, work, gres.get(work.nodes[0], "")))
+                yield Sent(work.attempt_id, remote_id=submit(cluster, work, tag, gres.get(work.nodes[0], "")))
             except Exception as exc:
                 log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
         """States, exit codes and output of the asked attempts; a job that vanished from Slurm
-        fails. Jobs still live under the name of an attempt not asked about, or a second job
-        under an asked attempt's name, are orphans."""
+        fails. Only this cluster's jobs count (``tags.claim``): live jobs with its tag under the
+        name of an attempt not asked about, or a second job under an asked attempt's name, are
+        orphans."""
         asked = {w.attempt_id: w for w in works}
-        found: dict[str, dict[str, Any]] = {}
-        orphans = []
-        for slurm_job in client_for(cluster).jobs():
-            name, remote_id = str(slurm_job.get("name")), str(slurm_job.get("job_id") or "")
-            work = asked.get(name)
-            if work is not None and name not in found and work.remote_id in ("", remote_id):
-                found[name] = slurm_job
-            elif _is_attempt_id(name) and job_state(slurm_job.get("job_state")) in LIVE:
-                orphans.append(Orphan(name, remote_id))
+        found, orphans = claim(client_for(cluster).jobs(), works, cluster_tag(cluster))
         states, output = [], []
         for name, slurm_job in found.items():
             chunk = _output(asked[name])
@@ -152,24 +146,17 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     return RemoteState(attempt_id, phase, remote_id)
 
 
-def submit(cluster: Cluster, work: Work, gres_type: str = "") -> str:
+def submit(cluster: Cluster, work: Work, tag: str, gres_type: str = "") -> str:
     """Submit (or find) the Slurm job of an attempt; returns its Slurm job id."""
-    env = _cli_env(cluster)
-    found = subprocess.run(
-        ["squeue", "-h", "-o", "%i", f"--name={work.attempt_id}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=30,
-    )
-    if found.returncode == 0 and found.stdout.strip():
-        return found.stdout.split()[0]
+    job_id = submitted(cluster, work.attempt_id, tag)
+    if job_id:
+        return job_id
     done = subprocess.run(
-        sbatch_argv(work, gres_type),
+        sbatch_argv(work, gres_type, tag=tag),
         input=batch_script(work),
         capture_output=True,
         text=True,
-        env=env,
+        env=_cli_env(cluster),
         timeout=60,
         # Slurm creates the output file with the submitter's umask: readable by its owner only.
         preexec_fn=lambda: os.umask(0o077),
@@ -179,7 +166,20 @@ def submit(cluster: Cluster, work: Work, gres_type: str = "") -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def sbatch_argv(work: Work, gres_type: str = "") -> list[str]:
+def submitted(cluster: Cluster, attempt_id: str, tag: str) -> str:
+    """The Slurm id of the live job this cluster already submitted for an attempt ("" for none):
+    a job of that name without the cluster's tag is another's."""
+    found = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%k", f"--name={attempt_id}"],
+        capture_output=True,
+        text=True,
+        env=_cli_env(cluster),
+        timeout=30,
+    )
+    return submitted_job(found.stdout, tag) if found.returncode == 0 else ""
+
+
+def sbatch_argv(work: Work, gres_type: str = "", *, tag: str) -> list[str]:
     """The ``sbatch`` command line of an attempt (an argv list, never a shell string). The job
     inherits nothing of the submitting process's environment (``--export=NONE``): its variables
     are set, quoted, by its batch script (``batch_script``), which ``sbatch`` reads on stdin."""
@@ -187,6 +187,7 @@ def sbatch_argv(work: Work, gres_type: str = "") -> list[str]:
         "sbatch",
         "--parsable",
         f"--job-name={work.attempt_id}",
+        f"--comment={comment(tag)}",
         f"--nodelist={','.join(work.nodes)}",
         f"--nodes={len(work.shares)}",
         f"--output={output_path(work.attempt_id)}",
@@ -270,11 +271,3 @@ def _output(work: Work) -> LogChunk | None:
     return LogChunk(
         work.attempt_id, work.shares[0].node, max(size - OUTPUT_TAIL, 0), data.decode("utf-8", "replace")
     )
-
-
-def _is_attempt_id(name: object) -> bool:
-    try:
-        uuid.UUID(str(name))
-    except ValueError:
-        return False
-    return True
