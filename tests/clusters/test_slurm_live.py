@@ -5,6 +5,7 @@ Orrery chose; exit codes, cancel, time limits and holds; a killed slurmd; slurmr
 
 from __future__ import annotations
 
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -31,7 +32,7 @@ from scheduling.dispatch.sync import sync_cluster
 from scheduling.dispatch.works import load_works
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle import run_cycle
-from scheduling.models import Allocation, Job, JobAttempt
+from scheduling.models import Allocation, DispatchOutbox, Job, JobAttempt
 from tests.factories import ensure_catalog
 from tests.processes import scancel_tagged, squeue, wait
 
@@ -338,19 +339,12 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     subprocess.run(["scancel", JobAttempt.objects.get(job=running).remote_id], timeout=30)
 
 
-def test_a_slurm_job_sees_nothing_of_the_control_plane(hpc, api, alice, queue, monkeypatch):
-    """The control plane's environment holds its secrets; a job printing its whole environment
-    must find none of them, and values it was given cannot add variables."""
-    import os
-    import stat
-
-    from clusters.adapters.slurm.adapter import output_path
-
-    cluster = hpc
-    monkeypatch.setenv("ORRERY_CANARY_SECRET", "canary-7f3a9")
-    monkeypatch.setenv("DATABASE_URL", "postgres://orrery:canary-7f3a9@db/orrery")
-    body = slurm_job("nosy", "env; echo done", env={"GREETING": "a,ORRERY_INJECTED=1", "QUOTE": "it's $(id)"})
-    job = api(alice).post("/api/v1/jobs", body, format="json").json()["id"]
+def _run_to_the_end(cluster: Cluster, as_alice, body: dict) -> tuple[int, str]:
+    """Submit ``body`` through the API, place and dispatch it, follow it to its end; returns the
+    job id and the output Orrery copied back."""
+    answer = as_alice.post("/api/v1/jobs", body, format="json")
+    assert answer.status_code == 201, answer.content
+    job = answer.json()["id"]
     assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
 
     def finished() -> bool:
@@ -358,14 +352,63 @@ def test_a_slurm_job_sees_nothing_of_the_control_plane(hpc, api, alice, queue, m
         return Job.objects.get(pk=job).state in (JobState.SUCCEEDED, JobState.FAILED)
 
     wait(finished, "the job to finish", timeout=60)
-    lines = wait(lambda: api(alice).get(f"/api/v1/jobs/{job}/logs").json()["lines"], "its output", timeout=30)
-    text = "\n".join(lines)
+    lines = wait(lambda: as_alice.get(f"/api/v1/jobs/{job}/logs").json()["lines"], "its output", timeout=30)
+    return job, "\n".join(lines)
+
+
+def test_a_slurm_job_sees_nothing_of_the_control_plane(hpc, api, alice, queue, unix_users, monkeypatch):
+    """The control plane's environment holds its secrets; a job printing its whole environment
+    must find none of them, runs as its owner's account, and values it was given cannot add
+    variables or run commands."""
+    home = Path(unix_users["alice"].pw_dir)
+    monkeypatch.setenv("ORRERY_CANARY_SECRET", "canary-7f3a9")
+    monkeypatch.setenv("DATABASE_URL", "postgres://orrery:canary-7f3a9@db/orrery")
+    hostile = {
+        "GREETING": "a,ORRERY_INJECTED=1",  # a comma once split --export into two variables
+        "QUOTE": "it's $(id)",
+        "RUN": f"$(touch {home}/pwned)`touch {home}/pwned2`",
+        "LINES": "one\nORRERY_NEWLINE=1",
+    }
+    script = (
+        'echo "whoami=$(id -un)"; env; echo "injected=${ORRERY_INJECTED-none},${ORRERY_NEWLINE-none}"; '
+        'echo "lines=$(printf \'%s\\n\' "$LINES" | wc -l)"; echo done'
+    )
+    job, text = _run_to_the_end(hpc, api(alice), slurm_job("nosy", script, env=hostile))
     assert "done" in text and Job.objects.get(pk=job).state == JobState.SUCCEEDED
+    assert "whoami=orrt-alice" in text
     assert "canary-7f3a9" not in text and "DATABASE_URL" not in text and "ORRERY_SECRET_KEY" not in text
-    assert "GREETING=a,ORRERY_INJECTED=1" in text and "\nORRERY_INJECTED=" not in f"\n{text}"
-    assert "QUOTE=it's $(id)" in text
-    mode = os.stat(output_path(str(JobAttempt.objects.get(job_id=job).pk))).st_mode
-    assert stat.S_IMODE(mode) & 0o077 == 0  # readable by its owner only
+    assert "GREETING=a,ORRERY_INJECTED=1" in text and "QUOTE=it's $(id)" in text
+    assert "injected=none,none" in text and "lines=2" in text  # the newline stayed inside LINES
+    assert f"RUN=$(touch {home}/pwned)`touch {home}/pwned2`" in text
+    assert not (home / "pwned").exists() and not (home / "pwned2").exists()
+
+
+def test_a_slurm_job_runs_as_its_owners_account_in_its_home(hpc, api, alice, queue, unix_users):
+    me = unix_users["alice"]
+    script = 'echo "as $(id -un) uid=$(id -u) gid=$(id -g) in $(pwd) home=$HOME"'
+    job, text = _run_to_the_end(hpc, api(alice), slurm_job("whoami", script))
+    assert Job.objects.get(pk=job).state == JobState.SUCCEEDED
+    assert me.pw_uid != 0 and me.pw_gid != 0
+    assert f"as orrt-alice uid={me.pw_uid} gid={me.pw_gid} in {me.pw_dir} home={me.pw_dir}" in text
+
+
+def test_a_slurm_jobs_output_is_its_owners_alone(hpc, api, alice, queue, unix_users):
+    """The output file is in the owner's own directory, readable by the owner only: another user
+    of the cluster cannot read it; the control plane still copies it into the job's log."""
+    me = unix_users["alice"]
+    job, text = _run_to_the_end(hpc, api(alice), slurm_job("private", "echo secret-4d1"))
+    assert "secret-4d1" in text
+    attempt = str(JobAttempt.objects.get(job_id=job).pk)
+    path = Path(me.pw_dir) / ".orrery" / "slurm" / f"orrery-{attempt}.out"
+    seen = path.stat()
+    assert (seen.st_uid, seen.st_gid, stat.S_IMODE(seen.st_mode)) == (me.pw_uid, me.pw_gid, 0o600)
+    for directory in (path.parent, path.parent.parent):
+        assert (directory.stat().st_uid, stat.S_IMODE(directory.stat().st_mode)) == (me.pw_uid, 0o700)
+    assert not Path(f"/tmp/orrery-{attempt}.out").exists()
+    peek = subprocess.run(
+        ["runuser", "-u", "orrt-bob", "--", "cat", str(path)], capture_output=True, text=True
+    )
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr and "secret-4d1" not in peek.stdout
 
 
 def test_two_orrery_clusters_on_one_slurm_never_touch_each_others_jobs(hpc, slurm, api, alice, queue):
@@ -391,3 +434,32 @@ def test_two_orrery_clusters_on_one_slurm_never_touch_each_others_jobs(hpc, slur
     assert squeue(attempt.remote_id) == "RUNNING"
     sync_cluster(hpc)
     assert Job.objects.get(pk=attempt.job_id).state == JobState.RUNNING
+
+
+@pytest.mark.parametrize(
+    "account, words",
+    [
+        (None, "the job's owner has no POSIX account on cluster 'hpc'"),
+        ("orrt-nobody", "no user 'orrt-nobody' on the Orrery host that submits to cluster 'hpc'"),
+    ],
+    ids=["mapping-removed", "unknown-user"],
+)
+def test_an_attempt_without_an_account_fails_at_once(hpc, api, alice, queue, account, words):
+    """An owner whose mapping went away (or names no user of the submit host) between submission
+    and dispatch: the attempt fails with the reason, nothing is submitted, nothing is retried."""
+    answer = api(alice).post("/api/v1/jobs", slurm_job("orphaned", "true"), format="json")
+    assert answer.status_code == 201, answer.content
+    job = answer.json()["id"]
+    assert run_cycle(SchedulerCache()).placed == 1
+    mapping = PosixAccount.objects.filter(cluster=hpc, user=alice)
+    mapping.delete() if account is None else mapping.update(username=account)
+    assert drain_outbox() == 1 and drain_outbox() == 0
+    assert Job.objects.get(pk=job).state == JobState.FAILED
+    assert words in Job.objects.get(pk=job).events.order_by("-id").first().message
+    attempt = JobAttempt.objects.get(job_id=job)
+    assert DispatchOutbox.objects.get(attempt=attempt).state == DispatchOutbox.State.SENT
+    assert not Allocation.objects.filter(job_id=job, active=True).exists()
+    listed = subprocess.run(
+        ["squeue", "-h", f"--name={attempt.pk}"], capture_output=True, text=True, timeout=30
+    )
+    assert listed.stdout.strip() == ""  # nothing was submitted

@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 
 from clusters.adapters.base import Phase, Share, Work
+from clusters.adapters.slurm.accounts import (
+    Account,
+    NoAccount,
+    account_for,
+    check_output_dir,
+    output_path,
+    read_tail,
+)
 from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv
 from clusters.adapters.slurm.api import (
     SlurmError,
@@ -206,17 +215,87 @@ def _work(**fields) -> Work:
     )
 
 
+ALICE = Account("orrt-alice", 1001, 1001, "/home/orrt-alice")
+SERVICE = Account("orrery", 990, 990, "/var/lib/orrery", shared=True)
+
+
 def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
-    argv = sbatch_argv(_work(), "a100", tag="t1")
+    argv = sbatch_argv(_work(), "a100", account=ALICE, output="/home/orrt-alice/o.out", tag="t1")
     assert argv[:3] == ["sbatch", "--parsable", "--job-name=0b7c"]
     assert "--nodelist=n1,n2" in argv and "--nodes=2" in argv and "--no-requeue" in argv
     assert "--gres=gpu:a100:2" in argv and "--time=2" in argv
     assert "--export=NONE" in argv  # nothing of the control plane's environment
-    assert "--comment=orrery:t1" in argv  # the cluster's tag: its own jobs, and no one else's
     assert not any(a.startswith("--wrap") or ("=" in a and "LR" in a) for a in argv)
     script = batch_script(_work())
     assert script.startswith("#!/bin/sh\n") and script.endswith("cd /w && python train.py\n")
     assert "export ORRERY_ATTEMPT=2\n" in script and "export ORRERY_NNODES=2\n" in script
+
+
+@pytest.mark.parametrize(
+    "account, expected, absent",
+    [
+        (
+            ALICE,
+            ["--uid=orrt-alice", "--gid=1001", "--chdir=/home/orrt-alice", "--comment=orrery:t1"],
+            [],
+        ),
+        (SERVICE, ["--chdir=/var/lib/orrery", "--comment=orrery:t1"], ["--uid", "--gid"]),
+    ],
+    ids=["a-users-account", "the-shared-service-account"],
+)
+def test_the_sbatch_command_line_says_whose_job_it_is(account, expected, absent):
+    argv = sbatch_argv(_work(), "", account=account, output="/x/o.out", tag="t1")
+    assert set(expected) <= set(argv) and "--output=/x/o.out" in argv
+    assert not any(a.startswith(option) for option in absent for a in argv)
+
+
+@pytest.mark.parametrize(
+    "account", [Account("toor", 0, 5, "/root"), Account("wheel", 1002, 0, "/home/w")], ids=["uid-0", "gid-0"]
+)
+def test_a_users_job_is_never_submitted_as_root(account):
+    with pytest.raises(NoAccount, match="refusing to run a user's work as root"):
+        sbatch_argv(_work(), "", account=account, output="/x/o.out", tag="t1")
+
+
+def test_the_submit_host_resolves_accounts_and_refuses_root_and_strangers():
+    with pytest.raises(NoAccount, match="refusing to run a user's work as root"):
+        account_for("root", "hpc")
+    with pytest.raises(NoAccount, match="no user 'orrt-nobody' on the Orrery host"):
+        account_for("orrt-nobody", "hpc")
+    with pytest.raises(NoAccount, match="has no POSIX account on cluster 'hpc'"):
+        account_for(None, "hpc")
+    me = account_for("", "hpc")  # the shared identity: the service account itself
+    assert me.shared and me.uid == os.geteuid()
+
+
+@pytest.mark.parametrize(
+    "config, account, expected",
+    [
+        ({}, ALICE, "/home/orrt-alice/.orrery/slurm/orrery-0b7c.out"),
+        ({"output_dir": "/scratch/{user}/jobs"}, ALICE, "/scratch/orrt-alice/jobs/orrery-0b7c.out"),
+        (
+            {"output_dir": "{home}/out"},
+            Account("u", 7, 7, "/home/{user}"),
+            "/home/{user}/out/orrery-0b7c.out",
+        ),
+        ({}, SERVICE, "/srv/orrery-out/orrery-0b7c.out"),
+        ({"output_dir": "{home}/o"}, SERVICE, "/var/lib/orrery/o/orrery-0b7c.out"),
+    ],
+    ids=["default", "a-template", "placeholders-replaced-once", "shared", "shared-with-a-template"],
+)
+def test_output_paths(config, account, expected, monkeypatch):
+    monkeypatch.setenv("ORRERY_SLURM_OUTPUT_DIR", "/srv/orrery-out")
+    assert str(output_path(config, account, "0b7c")) == expected
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["scratch/{user}", "{user}/out", "/scratch/{uid}", "/scratch/{home.__class__}", "{home}/../x", "/a\n/b"],
+)
+def test_output_directory_templates_that_are_refused(template):
+    with pytest.raises(SlurmError, match="output directory") as caught:
+        check_output_dir(template)
+    assert caught.value.field == "output_dir"
 
 
 def _job(name: str, job_id: int, comment: str = "", state: str = "RUNNING") -> dict:
@@ -259,6 +338,21 @@ def test_a_cluster_claims_only_the_jobs_carrying_its_tag():
 )
 def test_a_retried_dispatch_finds_only_its_own_job(output, expected):
     assert submitted_job(output, "mine") == expected
+
+
+def test_output_is_read_back_only_from_the_owners_own_regular_file(tmp_path):
+    """The control plane reads output as root: a link, a FIFO or someone else's file planted at
+    the output path is never read (nor waited on)."""
+    me = os.geteuid()
+    real = tmp_path / "real.out"
+    real.write_bytes(b"x" * 10 + b"tail")
+    assert read_tail(real, me, 4) == (10, b"tail")
+    assert read_tail(real, me + 1, 4) is None  # owned by someone else
+    (tmp_path / "link.out").symlink_to(real)
+    assert read_tail(tmp_path / "link.out", me, 4) is None
+    os.mkfifo(tmp_path / "fifo.out")
+    assert read_tail(tmp_path / "fifo.out", me, 4) is None
+    assert read_tail(tmp_path / "missing.out", me, 4) is None
 
 
 def _work_for(attempt_id: str, remote_id: str = "") -> Work:

@@ -2,10 +2,11 @@
 state sync, output, cancel.
 
 Dispatch uses ``sbatch`` (slurmrestd 22.05 cannot pin a node list) with the cluster's
-``slurm_conf``; everything else goes through slurmrestd. The Slurm job is named after the
-attempt id and carries the cluster's tag (``tags``), so a retried dispatch finds the job it
-already submitted instead of submitting it twice, and a sync finds every job this cluster ever
-submitted there, and none of another's.
+``slurm_conf``, as the attempt's own POSIX account (``sbatch --uid``, see ``accounts``);
+everything else goes through slurmrestd. The Slurm job is named after the attempt id and
+carries the cluster's tag (``tags``), so a retried dispatch finds the job it already submitted
+instead of submitting it twice, and a sync finds every job this cluster ever submitted there,
+and none of another's.
 """
 
 from __future__ import annotations
@@ -16,10 +17,17 @@ import re
 import shlex
 import subprocess
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from clusters.adapters.base import Inventory, LogChunk, Phase, RemoteState, Sent, Synced, Work
+from clusters.adapters.slurm.accounts import (
+    Account,
+    NoAccount,
+    account_for,
+    make_output_dir,
+    output_path,
+    read_tail,
+)
 from clusters.adapters.slurm.api import SlurmError, decode_exit, job_state, raw_job_state
 from clusters.adapters.slurm.inventory import client_for, collect
 from clusters.adapters.slurm.tags import claim, cluster_tag, comment, submitted_job
@@ -27,7 +35,6 @@ from clusters.choices import ClusterKind
 from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
-OUTPUT_DIR = Path(os.environ.get("ORRERY_SLURM_OUTPUT_DIR", "/tmp"))
 OUTPUT_TAIL = 1 << 20  # the last MiB of a job's output is copied in at each sync
 
 # Slurm's job states (as ``job_state`` maps them) → the neutral phases. COMPLETING is still
@@ -71,17 +78,26 @@ class SlurmAdapter:
         return collect(cluster)
 
     def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
-        """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known. A failure
-        of one work (any error: a refused ``sbatch``, an undecodable answer) is that work's
-        error; the others go on."""
+        """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known. A work with
+        no account it may run as fails at once (``NoAccount``: trying again would not help). Any
+        other failure of one work (a refused ``sbatch``, an undecodable answer) is that work's
+        error, tried again later; the others go on."""
         gres = _gres_types(cluster, works)
         tag = cluster_tag(cluster)
         for work in works:
             try:
-                yield Sent(work.attempt_id, remote_id=submit(cluster, work, tag, gres.get(work.nodes[0], "")))
+                account = account_for(work.run_as, cluster.name)
+            except NoAccount as exc:
+                log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
+                yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
+                continue
+            try:
+                remote_id = submit(cluster, work, account, tag, gres.get(work.nodes[0], ""))
             except Exception as exc:
                 log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
+            else:
+                yield Sent(work.attempt_id, remote_id=remote_id)
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
         """States, exit codes and output of the asked attempts; a job that vanished from Slurm
@@ -91,8 +107,9 @@ class SlurmAdapter:
         asked = {w.attempt_id: w for w in works}
         found, orphans = claim(client_for(cluster).jobs(), works, cluster_tag(cluster))
         states, output = [], []
+        accounts: dict[str | None, Account | None] = {}
         for name, slurm_job in found.items():
-            chunk = _output(asked[name])
+            chunk = _output(cluster, asked[name], accounts)
             if chunk is not None:
                 output.append(chunk)
             states.append(remote_state(name, slurm_job))
@@ -146,20 +163,22 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     return RemoteState(attempt_id, phase, remote_id)
 
 
-def submit(cluster: Cluster, work: Work, tag: str, gres_type: str = "") -> str:
-    """Submit (or find) the Slurm job of an attempt; returns its Slurm job id."""
+def submit(cluster: Cluster, work: Work, account: Account, tag: str, gres_type: str = "") -> str:
+    """Submit (or find) the Slurm job of an attempt, as ``account``; returns its Slurm job id."""
     job_id = submitted(cluster, work.attempt_id, tag)
     if job_id:
         return job_id
+    output = output_path(cluster.config, account, work.attempt_id)
+    make_output_dir(output.parent, account)
     done = subprocess.run(
-        sbatch_argv(work, gres_type, tag=tag),
+        sbatch_argv(work, gres_type, account=account, output=str(output), tag=tag),
         input=batch_script(work),
         capture_output=True,
         text=True,
         env=_cli_env(cluster),
         timeout=60,
         # Slurm creates the output file with the submitter's umask: readable by its owner only.
-        preexec_fn=lambda: os.umask(0o077),
+        umask=0o077,
     )
     if done.returncode != 0:
         raise SlurmError(f"sbatch refused the job: {done.stderr.strip()[:300]}")
@@ -179,10 +198,14 @@ def submitted(cluster: Cluster, attempt_id: str, tag: str) -> str:
     return submitted_job(found.stdout, tag) if found.returncode == 0 else ""
 
 
-def sbatch_argv(work: Work, gres_type: str = "", *, tag: str) -> list[str]:
+def sbatch_argv(work: Work, gres_type: str, *, account: Account, output: str, tag: str) -> list[str]:
     """The ``sbatch`` command line of an attempt (an argv list, never a shell string). The job
-    inherits nothing of the submitting process's environment (``--export=NONE``): its variables
-    are set, quoted, by its batch script (``batch_script``), which ``sbatch`` reads on stdin."""
+    runs as ``account`` (``--uid`` and its primary group; the shared service account submits as
+    itself), starts in its home, and inherits nothing of the submitting process's environment
+    (``--export=NONE``): its variables are set, quoted, by its batch script (``batch_script``),
+    which ``sbatch`` reads on stdin."""
+    if not account.shared and (account.uid == 0 or account.gid == 0):
+        raise NoAccount(f"refusing to run a user's work as root ('{account.name}')")
     argv = [
         "sbatch",
         "--parsable",
@@ -190,12 +213,15 @@ def sbatch_argv(work: Work, gres_type: str = "", *, tag: str) -> list[str]:
         f"--comment={comment(tag)}",
         f"--nodelist={','.join(work.nodes)}",
         f"--nodes={len(work.shares)}",
-        f"--output={output_path(work.attempt_id)}",
+        f"--output={output}",
+        f"--chdir={account.home}",
         # Always: Orrery's failover policy places a retry (anywhere, counted against the job's
         # retries); Slurm's own requeue would rerun it pinned to the same nodes, unseen.
         "--no-requeue",
         "--export=NONE",
     ]
+    if not account.shared:
+        argv += [f"--uid={account.name}", f"--gid={account.gid}"]
     if work.gpus_per_node:
         argv.append(
             f"--gres=gpu:{gres_type}:{work.gpus_per_node}"
@@ -238,10 +264,6 @@ def batch_script(work: Work) -> str:
     return "\n".join(lines) + "\n"
 
 
-def output_path(attempt_id: str) -> Path:
-    return OUTPUT_DIR / f"orrery-{attempt_id}.out"
-
-
 def _cli_env(cluster: Cluster) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_JWT"}  # a stray SLURM_JWT breaks munge auth
     if cluster.config.get("slurm_conf"):
@@ -256,18 +278,21 @@ def _gres_types(cluster: Cluster, works: Sequence[Work]) -> dict[str, str]:
     return {name: (lab or {}).get("slurm.io/gres-type") or "" for name, lab in labels}
 
 
-def _output(work: Work) -> LogChunk | None:
-    """The tail of the job's output file, as the head node's stream."""
-    path = output_path(work.attempt_id)
+def _output(cluster: Cluster, work: Work, accounts: dict[str | None, Account | None]) -> LogChunk | None:
+    """The tail of the job's output file, as the head node's stream (None while there is none,
+    or when the attempt no longer has an account to say where it is)."""
     if not work.shares:
         return None
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(size - OUTPUT_TAIL, 0))
-            data = f.read(OUTPUT_TAIL)
-    except FileNotFoundError:
+    if work.run_as not in accounts:
+        try:
+            accounts[work.run_as] = account_for(work.run_as, cluster.name)
+        except NoAccount:
+            accounts[work.run_as] = None
+    account = accounts[work.run_as]
+    if account is None:
         return None
-    return LogChunk(
-        work.attempt_id, work.shares[0].node, max(size - OUTPUT_TAIL, 0), data.decode("utf-8", "replace")
-    )
+    tail = read_tail(output_path(cluster.config, account, work.attempt_id), account.uid, OUTPUT_TAIL)
+    if tail is None:
+        return None
+    offset, data = tail
+    return LogChunk(work.attempt_id, work.shares[0].node, offset, data.decode("utf-8", "replace"))
