@@ -9,8 +9,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmError
 from clusters.adapters.slurm.inventory import client_for
+from clusters.choices import Identity
 from clusters.models import (
     Cluster,
     ClusterCredential,
@@ -70,6 +72,25 @@ class SlurmOnboardForm(forms.Form):
     slurm_conf = forms.CharField(
         required=False, label="slurm.conf", help_text="For the sbatch client on the Orrery host."
     )
+    identity = forms.ChoiceField(
+        choices=Identity.choices,
+        initial=Identity.ACCOUNTS,
+        required=False,
+        help_text="Whose POSIX account users' work runs under on this cluster (a cluster added "
+        "again keeps its own unless told otherwise).",
+    )
+    output_dir = forms.CharField(
+        required=False,
+        label="Output directory",
+        help_text="Where users' output goes, with {home} and {user}; default {home}/.orrery/slurm.",
+    )
+
+    def clean_output_dir(self) -> str:
+        value = self.cleaned_data["output_dir"]
+        try:
+            return check_output_dir(value) if value else value
+        except SlurmError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 class PosixAccountInline(admin.TabularInline):
@@ -126,7 +147,13 @@ class ClusterAdmin(admin.ModelAdmin):
             data = form.cleaned_data
             try:
                 cluster, collected = onboard_slurm(
-                    data["name"], data["url"], data["token"], user=data["user"], slurm_conf=data["slurm_conf"]
+                    data["name"],
+                    data["url"],
+                    data["token"],
+                    user=data["user"],
+                    slurm_conf=data["slurm_conf"],
+                    identity=data["identity"] or None,
+                    output_dir=data["output_dir"],
                 )
             except SlurmError as exc:
                 form.add_error(

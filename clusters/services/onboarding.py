@@ -6,40 +6,59 @@ from __future__ import annotations
 from django.db import transaction
 
 from clusters.adapters.base import Inventory
+from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmClient, SlurmError
 from clusters.adapters.slurm.inventory import collect
 from clusters.adapters.slurm.tags import new_tag
-from clusters.choices import ClusterKind, ClusterState
+from clusters.choices import ClusterKind, ClusterState, Identity
 from clusters.models import Cluster, ClusterSecret
 
 
 @transaction.atomic
 def onboard_slurm(
-    name: str, url: str, token: str, *, user: str = "root", slurm_conf: str = ""
+    name: str,
+    url: str,
+    token: str,
+    *,
+    user: str = "root",
+    slurm_conf: str = "",
+    identity: str | None = None,
+    output_dir: str = "",
 ) -> tuple[Cluster, Inventory]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
     ``SlurmError`` saying what is wrong (``field`` names the setting at fault); nothing is
     created then. The token is stored apart from the cluster's settings and never shown back.
-    Onboarding an existing cluster again (a new token) keeps its job tag: jobs already submitted
-    stay its own."""
+
+    ``identity`` (``Identity``) says whose POSIX account users' work runs under: a new cluster
+    gets ``accounts`` when none is given. ``output_dir`` is a template for where users' output
+    goes (``{home}``, ``{user}``; default ``{home}/.orrery/slurm``). Onboarding an existing
+    cluster again (a new token) keeps its identity, its output directory and its job tag unless
+    told otherwise: jobs already submitted stay its own."""
     other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
     if other:
         raise SlurmError(f"a {other[0]} cluster is already named {name!r}", "name")
+    if identity is not None and identity not in Identity.values:
+        raise SlurmError(
+            f"identity must be one of {', '.join(Identity.values)}, not {identity!r}", "identity"
+        )
+    if output_dir:
+        check_output_dir(output_dir)
     client = SlurmClient(url, token, user)
     version = client.connect()
     before = (
         Cluster.objects.select_for_update().filter(name=name).values_list("config", flat=True).first() or {}
     )
+    output_dir = output_dir or before.get("output_dir") or ""
     config = {
         "url": url,
         "user": user,
         "api": version,
         "tag": before.get("tag") or new_tag(),
         **({"slurm_conf": slurm_conf} if slurm_conf else {}),
+        **({"output_dir": output_dir} if output_dir else {}),
     }
-    cluster, _ = Cluster.objects.update_or_create(
-        name=name, defaults={"kind": ClusterKind.SLURM, "config": config}
-    )
+    defaults = {"kind": ClusterKind.SLURM, "config": config} | ({"identity": identity} if identity else {})
+    cluster, _ = Cluster.objects.update_or_create(name=name, defaults=defaults)
     ClusterSecret.objects.update_or_create(cluster=cluster, defaults={"data": {"token": token}})
     seen = collect(cluster, client)
     if cluster.state == ClusterState.ONBOARDING:

@@ -8,6 +8,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from clusters.adapters.slurm.accounts import check_output_dir
+from clusters.adapters.slurm.api import SlurmError
+from clusters.choices import Identity
 from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES
@@ -195,6 +198,24 @@ class ClusterOnboardSerializer(serializers.Serializer):
     slurmConf = serializers.CharField(
         max_length=1024, default="", allow_blank=True, help_text="slurm.conf for the sbatch client."
     )
+    identity = serializers.ChoiceField(
+        choices=Identity.choices,
+        required=False,
+        help_text="Whose POSIX account users' work runs under (a new cluster: accounts; an existing "
+        "one keeps its own).",
+    )
+    outputDir = serializers.CharField(
+        max_length=1024,
+        default="",
+        allow_blank=True,
+        help_text="Where users' output goes, with {home} and {user} (default {home}/.orrery/slurm).",
+    )
+
+    def validate_outputDir(self, value: str) -> str:
+        try:
+            return check_output_dir(value) if value else value
+        except SlurmError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class NodeSerializer(serializers.ModelSerializer):

@@ -340,7 +340,13 @@ class ClusterListView(ListAPIView):
         data = form.validated_data
         try:
             cluster, _ = onboard_slurm(
-                data["name"], data["url"], data["token"], user=data["user"], slurm_conf=data["slurmConf"]
+                data["name"],
+                data["url"],
+                data["token"],
+                user=data["user"],
+                slurm_conf=data["slurmConf"],
+                identity=data.get("identity"),
+                output_dir=data["outputDir"],
             )
         except SlurmError as exc:
             raise InputError([(exc.field or "url", f"connection test failed: {exc}")]) from None

@@ -149,6 +149,8 @@ def test_operators_onboard_through_the_api(slurm, api, alice, operator, tmp_path
         ({**body, "url": "http://127.0.0.1:9"}, "url", "cannot reach slurmrestd"),
         ({**body, "url": "not a url", "kind": "pbs"}, "url", "valid URL"),
         ({k: v for k, v in body.items() if k != "token"}, "token", "required"),
+        ({**body, "identity": "everyone"}, "identity", "not a valid choice"),
+        ({**body, "outputDir": "scratch/{uid}"}, "outputDir", "absolute path"),
     ]
     for wrong, path, words in bad:
         answer = ops.post("/api/v1/clusters", wrong, format="json")
@@ -156,8 +158,9 @@ def test_operators_onboard_through_the_api(slurm, api, alice, operator, tmp_path
         errors = {e["path"]: e["message"] for e in answer.json()["errors"]}
         assert words in errors[path], errors
     assert not Cluster.objects.filter(name="hpc").exists()
-    created = ops.post("/api/v1/clusters", body, format="json")
+    created = ops.post("/api/v1/clusters", body | {"identity": "same_name"}, format="json")
     assert created.status_code == 201, created.content
+    assert Cluster.objects.get(name="hpc").identity == "same_name"
     assert created.json()["kind"] == "slurm" and token not in created.content.decode()
     shown = ops.get("/api/v1/clusters/hpc").json()
     assert shown["nodes"]["total"] == 4 and "config" not in shown and token not in str(shown)
@@ -173,8 +176,9 @@ def test_the_console_onboards_with_a_connection_test(slurm, client, operator):
     assert refused.status_code == 200 and "could not use the token" in refused.content.decode()
     assert not Cluster.objects.filter(name="hpc").exists()
     form["token"] = Path(slurm["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
-    added = client.post(url, form, follow=True)
+    added = client.post(url, form | {"identity": "shared"}, follow=True)
     assert "4 nodes, 16 GPUs" in added.content.decode()
+    assert Cluster.objects.get(name="hpc").identity == "shared"
     assert form["token"] not in added.content.decode()  # never shown back
     tested = client.post(
         "/admin/clusters/cluster/",
@@ -434,6 +438,29 @@ def test_two_orrery_clusters_on_one_slurm_never_touch_each_others_jobs(hpc, slur
     assert squeue(attempt.remote_id) == "RUNNING"
     sync_cluster(hpc)
     assert Job.objects.get(pk=attempt.job_id).state == JobState.RUNNING
+
+
+@pytest.mark.parametrize(
+    "identity, status",
+    [("accounts", 400), ("same_name", 201), ("shared", 201)],
+)
+def test_the_identity_chosen_at_onboarding_decides_who_may_submit(slurm, api, alice, queue, identity, status):
+    ensure_catalog()
+    call_command(
+        "add_cluster",
+        kind="slurm",
+        name="hpc",
+        url=slurm["ORRERY_SLURM_URL"],
+        token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
+        identity=identity,
+        stdout=StringIO(),
+    )
+    assert Cluster.objects.get(name="hpc").identity == identity
+    answer = api(alice).post("/api/v1/jobs", slurm_job("who", "true"), format="json")
+    assert answer.status_code == status, answer.content
+    if status == 400:
+        errors = {e["path"]: e["message"] for e in answer.json()["errors"]}
+        assert "no POSIX account on cluster 'hpc'" in errors["spec.placement.clusters[0]"], errors
 
 
 @pytest.mark.parametrize(
