@@ -264,8 +264,10 @@ def test_the_submit_host_resolves_accounts_and_refuses_root_and_strangers():
         account_for("orrt-nobody", "hpc")
     with pytest.raises(NoAccount, match="has no POSIX account on cluster 'hpc'"):
         account_for(None, "hpc")
-    me = account_for("", "hpc")  # the shared identity: the service account itself
-    assert me.shared and me.uid == os.geteuid()
+    # The shared identity is the service account itself, unless that is root (as here).
+    assert os.geteuid() == 0
+    with pytest.raises(NoAccount, match="shared identity and the Orrery host submits as root"):
+        account_for("", "hpc")
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,11 @@ def account_for(run_as: str | None, cluster_name: str) -> Account:
         )
     if run_as == "":
         me = pwd.getpwuid(os.geteuid())
+        if me.pw_uid == 0:
+            raise NoAccount(
+                f"cluster '{cluster_name}' has a shared identity and the Orrery host submits as root: "
+                "users' work never runs as root (map accounts, or run the dispatcher as a service account)"
+            )
         return Account(me.pw_name, me.pw_uid, me.pw_gid, me.pw_dir, shared=True)
     try:
         entry = pwd.getpwnam(run_as)
