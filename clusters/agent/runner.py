@@ -35,7 +35,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,6 @@ class Attempt:
     popen: subprocess.Popen | None = None
     stopping_since: float | None = None
     stop_reason: str = ""  # "cancelled" or "timeout" once we stop it
-    shipped: int = 0  # bytes of output already sent
-    reported: set[str] = field(default_factory=set)
     group: Group | None = None
     container: str = ""  # the podman container's name, for an image attempt
 
@@ -156,7 +154,11 @@ class Runner:
         state.mkdir(mode=0o700, exist_ok=True)
         shutil.rmtree(job, ignore_errors=True)  # a start that crashed half-way
         job.mkdir(mode=0o700)
-        files = {".orrery-env": _exports(env), ".orrery-script": str(entry.get("script") or "")}
+        # A plain attempt's shell reads its environment from a file; podman takes an env file
+        # only root can read (below).
+        files = {".orrery-script": str(entry.get("script") or "")} | (
+            {} if image else {".orrery-env": _exports(env)}
+        )
         for name, text in files.items():
             (job / name).write_text(text)
             os.chown(job / name, account.uid, account.gid)
@@ -265,7 +267,7 @@ class Runner:
         group: Group | None,
     ) -> list[str]:
         argv = [
-            self.podman or "podman",
+            str(self.podman),
             "run",
             "--rm",
             f"--name={name}",

@@ -43,36 +43,42 @@ def needs_account(kind: str) -> bool:
     return kind not in ADAPTERS or adapter_for(kind).runs_user_code
 
 
+def account_name(kind: str, identity: str, username: str, mapped: str | None) -> str | None:
+    """The one rule: the POSIX account a user's work runs as on a cluster of ``kind`` and
+    ``identity`` — a name, "" where no account of the user's own is used (a shared identity, or
+    a kind that runs no code), None where the user has none (``mapped`` is their mapping there,
+    if any)."""
+    if not needs_account(kind) or identity == Identity.SHARED:
+        return ""
+    if identity == Identity.SAME_NAME:
+        return username if _POSIX_NAME.fullmatch(username) else None
+    return mapped
+
+
 def eligible_clusters(user: Any, clusters: Iterable[Cluster]) -> Eligible:
     """Of ``clusters``, those where ``user``'s work can run under an account, in two queries."""
     rows = list(clusters)
-    mapped = set(
+    mapped = dict(
         PosixAccount.objects.filter(user=user, cluster__in=[c.pk for c in rows]).values_list(
-            "cluster_id", flat=True
+            "cluster_id", "username"
         )
     )
     names, refused = [], {}
     for cluster in rows:
-        why = _refusal(user, cluster, cluster.pk in mapped)
-        if why:
-            refused[cluster.name] = why
+        if account_name(cluster.kind, cluster.identity, user.get_username(), mapped.get(cluster.pk)) is None:
+            refused[cluster.name] = _refusal(user, cluster)
         else:
             names.append(cluster.name)
     return Eligible(sorted(names), refused)
 
 
-def _refusal(user: Any, cluster: Cluster, mapped: bool) -> str:
-    if not needs_account(cluster.kind) or cluster.identity == Identity.SHARED:
-        return ""
+def _refusal(user: Any, cluster: Cluster) -> str:
+    """Why ``user`` has no account on ``cluster``, and what to do about it."""
     if cluster.identity == Identity.SAME_NAME:
-        if _POSIX_NAME.fullmatch(user.get_username()):
-            return ""
         return (
             f"cluster '{cluster.name}' runs work under the account of your user name, and "
             f"'{user.get_username()[:64]}' is not a POSIX user name"
         )
-    if mapped:
-        return ""
     return (
         f"you have no POSIX account on cluster '{cluster.name}': an operator must map your user "
         "to one (console: Clusters → POSIX accounts, or PUT /api/v1/clusters/"
@@ -81,37 +87,34 @@ def _refusal(user: Any, cluster: Cluster, mapped: bool) -> str:
 
 
 def run_as_names(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str | None]:
-    """For ``(cluster id, user id)`` pairs, the POSIX account each runs as: a name, "" for the
-    cluster's shared account, None where the user has no account. Three queries at most."""
+    """For ``(cluster id, user id)`` pairs, the POSIX account each runs as (``account_name``):
+    a name, "" for the cluster's shared account, None where the user has no account. Three
+    queries at most."""
     wanted = set(pairs)
     if not wanted:
         return {}
     cluster_ids = {c for c, _ in wanted}
     user_ids = {u for _, u in wanted}
-    rows = list(Cluster.objects.filter(pk__in=cluster_ids).values_list("pk", "identity", "kind"))
-    identities = {pk: identity for pk, identity, _ in rows}
-    kinds = {pk: kind for pk, _, kind in rows}
+    clusters = {
+        pk: (kind, identity)
+        for pk, kind, identity in Cluster.objects.filter(pk__in=cluster_ids).values_list(
+            "pk", "kind", "identity"
+        )
+    }
     accounts = {
         (c, u): name
         for c, u, name in PosixAccount.objects.filter(
             cluster_id__in=cluster_ids, user_id__in=user_ids
         ).values_list("cluster_id", "user_id", "username")
     }
-    names: dict[int, str] = {}
-    if any(identities.get(c) == Identity.SAME_NAME for c, _ in wanted):
+    usernames: dict[int, str] = {}
+    if any(identity == Identity.SAME_NAME for _, identity in clusters.values()):
         model = get_user_model()
-        names = dict(model.objects.filter(pk__in=user_ids).values_list("pk", model.USERNAME_FIELD))
-    result: dict[tuple[int, int], str | None] = {}
-    for cluster_id, user_id in wanted:
-        identity = identities.get(cluster_id)
-        if identity == Identity.SHARED or not needs_account(kinds.get(cluster_id, "")):
-            result[(cluster_id, user_id)] = ""
-        elif identity == Identity.SAME_NAME:
-            name = names.get(user_id, "")
-            result[(cluster_id, user_id)] = name if _POSIX_NAME.fullmatch(name) else None
-        else:
-            result[(cluster_id, user_id)] = accounts.get((cluster_id, user_id))
-    return result
+        usernames = dict(model.objects.filter(pk__in=user_ids).values_list("pk", model.USERNAME_FIELD))
+    return {
+        (c, u): account_name(*clusters.get(c, ("", "")), usernames.get(u, ""), accounts.get((c, u)))
+        for c, u in wanted
+    }
 
 
 def map_account(cluster: Cluster, user: Any, username: str) -> tuple[PosixAccount, bool]:

@@ -109,12 +109,25 @@ def image_clusters(asked: list[str]) -> tuple[list[str], set[str], str]:
     rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
     named = dict(rows.values_list("name", "kind"))
     kinds = {name: adapter_for(kind) for name, kind in named.items() if kind in ADAPTERS}
+    # Clusters where only labelled nodes run images: those that have such a node (one query
+    # per label, and every kind that needs one names the same label today).
+    per_label: dict[str, list[str]] = {}
+    for name, adapter in kinds.items():
+        if adapter.runs_images and adapter.image_label:
+            per_label.setdefault(adapter.image_label, []).append(name)
     labelled = {
-        name: Node.objects.filter(cluster__name=name, labels__has_key=adapter.image_label).exists()
-        for name, adapter in kinds.items()
-        if adapter.runs_images and adapter.image_label
+        name
+        for label, names in per_label.items()
+        for name in Node.objects.filter(cluster__name__in=names, labels__has_key=label)
+        .order_by()
+        .values_list("cluster__name", flat=True)
+        .distinct()
     }
-    able = sorted(name for name, adapter in kinds.items() if adapter.runs_images and labelled.get(name, True))
+    able = sorted(
+        name
+        for name, adapter in kinds.items()
+        if adapter.runs_images and (not adapter.image_label or name in labelled)
+    )
     labels = {kinds[name].image_label for name in able if kinds[name].image_label}
     if able:
         return able, labels, ""

@@ -112,7 +112,8 @@ def slurm_job(name: str, run: str, gpus: str = "a100:1", **spec) -> dict:
     }
 
 
-def _onboard(slurm) -> Cluster:
+def _onboard(slurm, **options) -> Cluster:
+    """Cluster "hpc" on the dev Slurm, through ``add_cluster`` (``options`` are its own)."""
     ensure_catalog()
     call_command(
         "add_cluster",
@@ -122,6 +123,7 @@ def _onboard(slurm) -> Cluster:
         token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
         slurm_conf=slurm["SLURM_CONF"],
         stdout=StringIO(),
+        **options,
     )
     cluster = Cluster.objects.get(name="hpc")
     Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
@@ -445,17 +447,7 @@ def test_two_orrery_clusters_on_one_slurm_never_touch_each_others_jobs(hpc, slur
     [("accounts", 400), ("same_name", 201), ("shared", 201)],
 )
 def test_the_identity_chosen_at_onboarding_decides_who_may_submit(slurm, api, alice, queue, identity, status):
-    ensure_catalog()
-    call_command(
-        "add_cluster",
-        kind="slurm",
-        name="hpc",
-        url=slurm["ORRERY_SLURM_URL"],
-        token_file=Path(slurm["ORRERY_SLURM_TOKEN_FILE"]),
-        identity=identity,
-        stdout=StringIO(),
-    )
-    assert Cluster.objects.get(name="hpc").identity == identity
+    assert _onboard(slurm, identity=identity).identity == identity
     answer = api(alice).post("/api/v1/jobs", slurm_job("who", "true"), format="json")
     assert answer.status_code == status, answer.content
     if status == 400:
