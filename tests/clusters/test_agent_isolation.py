@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,24 @@ def lab(plane, tmp_path, unix_users):  # noqa: F811 (plane is the imported fixtu
         PosixAccount.objects.create(cluster=cluster, user=user, username=unix_users[name].pw_name)
     _, join = create_join_token(cluster)
     canary = f"agent-canary-{secrets.token_hex(8)}"
-    os.environ["ORRERY_AGENT_CANARY"] = canary  # in the agent's environment, never in a job's
-    try:
-        work = tmp_path / "n1"
-        extra = [f"--podman-arg={a}" for a in PODMAN_ARGS]
-        agent = spawn_agent(plane["url"], join, work, "n1", "h100:4", "--address", "n1.lab", *extra)
-    finally:
-        del os.environ["ORRERY_AGENT_CANARY"]
+    work = tmp_path / "n1"
+    agents: list[subprocess.Popen] = []
+
+    def start_agent() -> None:
+        os.environ["ORRERY_AGENT_CANARY"] = canary  # in the agent's environment, never in a job's
+        try:
+            extra = [f"--podman-arg={a}" for a in PODMAN_ARGS]
+            agents.append(
+                spawn_agent(plane["url"], join, work, "n1", "h100:4", "--address", "n1.lab", *extra)
+            )
+        finally:
+            del os.environ["ORRERY_AGENT_CANARY"]
+
+    def kill_agent() -> None:
+        agents[-1].kill()
+        agents[-1].wait()
+
+    start_agent()
     wait(lambda: Node.objects.filter(cluster=cluster, state=NodeState.READY).exists(), "the node to be ready")
     yield {
         "url": plane["url"],
@@ -58,9 +70,10 @@ def lab(plane, tmp_path, unix_users):  # noqa: F811 (plane is the imported fixtu
         "canary": canary,
         "unix": unix_users,
         "as": {name: {"url": plane["url"], "token": issue_token(u)[1]} for name, u in users.items()},
+        "start_agent": start_agent,
+        "kill_agent": kill_agent,
     }
-    agent.kill()
-    agent.wait()
+    kill_agent()
 
 
 def logs(world: dict, job: int) -> str:
@@ -147,6 +160,27 @@ def test_a_job_that_forks_away_is_stopped_whole_and_memory_is_limited(lab):
     done = wait(lambda: state_of(bob, hog, "SUCCEEDED", "FAILED"), "the hog to end")
     assert done["state"] == "FAILED", logs(bob, hog)
     assert "survived" not in logs(bob, hog)
+
+
+def test_an_agent_killed_halfway_finds_its_attempt_again_and_still_stops_all_of_it(lab):
+    """The agent dies (SIGKILL) while a job that forked away runs: the job goes on, and the
+    agent started again adopts it, cgroup and all, so a cancel still reaches every process."""
+    bob = lab["as"]["bob"]
+    user = lab["unix"]["bob"].pw_name
+    job = submit(
+        bob,
+        "survivor",
+        "(setsid sh -c 'exec sleep 2001' &); (setsid sh -c 'exec sleep 2002' &); sleep 2000",
+        gpus="h100:1",
+    )
+    wait(lambda: len(_pids(user, "sleep 200")) == 3, "the job's three processes")
+    wait(lambda: state_of(bob, job, "RUNNING"), "the job to run")
+    lab["kill_agent"]()
+    time.sleep(1)
+    assert len(_pids(user, "sleep 200")) == 3, "the job dies with its agent"
+    lab["start_agent"]()
+    api(bob, "POST", f"jobs/{job}/cancel")
+    wait(lambda: not _pids(user, "sleep 200"), "every process of the adopted job to be killed", timeout=40)
 
 
 def test_an_image_job_runs_in_a_container_as_its_owner(lab, tmp_path):
