@@ -166,6 +166,10 @@ class Runner:
         group = None
         if self.cgroups is not None:
             group = self.cgroups.group(entry["attempt"])
+            # An agent killed between starting this attempt and recording it left processes
+            # it cannot adopt: they go before the attempt starts again, never beside it.
+            if group.exists() and group.pids():
+                group.kill()
             group.create(int(entry.get("cpu_millicores") or 0), int(entry.get("memory_bytes") or 0))
         container = f"orrery-{entry['attempt']}" if image else ""
         if image:
