@@ -57,7 +57,7 @@ class Agent:
         self.gpus = Gpus(fake_gpus, self.name)
         self.labels = dict(labels or {})
         self.labels.setdefault("orrery.io/address", address or _my_address())
-        cgroups, why = Cgroups.detect() if use_cgroups else (None, "turned off")
+        cgroups, why = Cgroups.detect(self.name) if use_cgroups else (None, "turned off")
         if cgroups is None:
             log.warning("no cgroups (%s): attempts are limited to their process group", why)
         self.runner = Runner(

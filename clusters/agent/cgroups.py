@@ -7,7 +7,9 @@ what the cgroup holds kills all of the attempt (``kill``).
 Version 2 (the unified hierarchy mounted on ``/sys/fs/cgroup``) is used where the kernel offers
 it; otherwise version 1 controllers (``memory``, ``cpu``, ``pids`` and ``freezer`` — freezing
 first means nothing can fork while it is being killed). Groups live under the agent's own
-cgroup, ``orrery/<attempt id>``, so a systemd unit with ``Delegate=yes`` contains them.
+cgroup, ``orrery/<node>/<attempt id>``, so a systemd unit with ``Delegate=yes`` contains them;
+the node's name keeps apart the ranks of one gang attempt when several agents share a machine
+(as in development).
 Creating them needs root; without it (or without cgroupfs) ``Cgroups.detect`` says why and the
 agent falls back to process groups.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -34,19 +37,20 @@ class Cgroups:
         self.max_pids = max_pids
 
     @classmethod
-    def detect(cls, max_pids: int = 8192) -> tuple[Cgroups | None, str]:
-        """The cgroups this agent can use, or None and why not."""
+    def detect(cls, node: str, max_pids: int = 8192) -> tuple[Cgroups | None, str]:
+        """The cgroups the agent of ``node`` can use, or None and why not."""
         if os.geteuid() != 0:
             return None, "the agent does not run as root"
         own = _own_cgroups()
+        scope = re.sub(r"[^A-Za-z0-9_.-]", "_", node).lstrip(".") or "node"
         try:
             if (ROOT / "cgroup.controllers").exists():
-                return cls._v2(own.get("", "/"), max_pids), ""
+                return cls._v2(own.get("", "/"), scope, max_pids), ""
             bases = {}
             for controller in V1_CONTROLLERS:
                 if (ROOT / controller / "cgroup.procs").exists():
-                    base = ROOT / controller / own.get(controller, "/").lstrip("/") / "orrery"
-                    base.mkdir(exist_ok=True)
+                    base = ROOT / controller / own.get(controller, "/").lstrip("/") / "orrery" / scope
+                    base.mkdir(parents=True, exist_ok=True)
                     bases[controller] = base
             if "memory" not in bases or "cpu" not in bases:
                 return None, "no writable memory and cpu cgroup controllers"
@@ -55,7 +59,7 @@ class Cgroups:
             return None, f"cgroups are not writable: {exc}"
 
     @classmethod
-    def _v2(cls, own: str, max_pids: int) -> Cgroups:
+    def _v2(cls, own: str, scope: str, max_pids: int) -> Cgroups:
         # "No internal processes": the agent moves into a leaf of its own cgroup, so the
         # controllers can be handed down to the attempts' groups beside it.
         home = ROOT / own.lstrip("/")
@@ -66,9 +70,10 @@ class Cgroups:
         available = (home / "cgroup.controllers").read_text().split()
         wanted = " ".join(f"+{c}" for c in ("cpu", "memory", "pids") if c in available)
         (home / "cgroup.subtree_control").write_text(wanted)
-        base = home / "orrery"
-        base.mkdir(exist_ok=True)
-        (base / "cgroup.subtree_control").write_text(wanted)
+        base = home / "orrery" / scope
+        for level in (base.parent, base):
+            level.mkdir(exist_ok=True)
+            (level / "cgroup.subtree_control").write_text(wanted)
         return cls(2, {"unified": base}, max_pids)
 
     @property

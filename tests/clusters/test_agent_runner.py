@@ -15,7 +15,7 @@ from clusters.agent.runner import Refused, Runner
 
 @pytest.fixture
 def cgroups():
-    found, why = Cgroups.detect()
+    found, why = Cgroups.detect("runner-test")
     assert found is not None, f"the agent tests run as root with cgroups: {why}"
     return found
 
@@ -68,3 +68,28 @@ def test_an_attempt_that_cannot_run_here_is_refused_before_anything_starts(tmp_p
     with pytest.raises(Refused, match=words):
         runner.start(entry(attempt, "echo never") | fields)
     assert not (tmp_path / "jobs" / attempt).exists() and not cgroups.group(attempt).exists()
+
+
+def test_two_agents_on_one_machine_keep_the_ranks_of_one_gang_apart(tmp_path):
+    """Both ranks of a gang attempt share its id; two agents on one machine (development, the
+    tests) must not share its cgroup, or one rank's end or start kills the other."""
+    attempt = str(uuid.uuid4())
+    marker = f"sleep 4{uuid.uuid4().int % 1000:03d}"
+    ranks = [Runner(tmp_path / name, grace=0.5, cgroups=Cgroups.detect(name)[0]) for name in ("n1", "n2")]
+    for runner in ranks:
+        runner.start(entry(attempt, f"exec {marker}"))
+    deadline = time.monotonic() + 10
+    while len(sleepers(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(sleepers(marker)) == 2, "starting the second rank killed the first"
+    first, second = ranks
+    first.stop(attempt)
+    while first.attempts and time.monotonic() < deadline + 10:
+        first.poll()
+        time.sleep(0.05)
+    assert len(sleepers(marker)) == 1, "ending one rank killed the other"
+    second.stop(attempt)
+    while second.attempts and time.monotonic() < deadline + 20:
+        second.poll()
+        time.sleep(0.05)
+    assert not sleepers(marker)
