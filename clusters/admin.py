@@ -139,8 +139,12 @@ class ClusterAdmin(admin.ModelAdmin):
         )
         return [onboard, *super().get_urls()]
 
+    def has_onboard_permission(self, request: HttpRequest) -> bool:
+        """Onboarding and machine credentials need their own permission, not the staff flag."""
+        return request.user.has_perm("clusters.onboard_cluster")
+
     def onboard_slurm_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_add_permission(request):
+        if not self.has_onboard_permission(request):
             return HttpResponseRedirect(reverse("admin:clusters_cluster_changelist"))
         form = SlurmOnboardForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
@@ -179,7 +183,7 @@ class ClusterAdmin(admin.ModelAdmin):
             else:
                 self.message_user(request, f"{cluster}: slurmrestd answers ({version}).", messages.SUCCESS)
 
-    @admin.action(description="Create a join token (for orrery-agent)")
+    @admin.action(description="Create a join token (for orrery-agent)", permissions=["onboard"])
     def new_join_token(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
             token, plaintext = create_join_token(cluster, name=f"by {request.user}")
@@ -190,7 +194,7 @@ class ClusterAdmin(admin.ModelAdmin):
                 messages.WARNING,
             )
 
-    @admin.action(description="Create a collector credential")
+    @admin.action(description="Create a collector credential", permissions=["onboard"])
     def new_collector_credential(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
             _, plaintext = issue_cluster_credential(cluster, name=f"by {request.user}")

@@ -110,6 +110,7 @@ class Cluster(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [("onboard_cluster", "Can onboard clusters and issue join tokens")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(energy_price_per_kwh__isnull=True) | Q(energy_price_per_kwh__gte=0),

@@ -42,6 +42,14 @@ def can_act_on_job(user: AbstractBaseUser, job: Job) -> bool:
     return Membership.objects.filter(user=user, project_id=job.project_id, role=Role.MANAGER).exists()
 
 
+def is_privileged_in(user: AbstractBaseUser, queue: Queue) -> bool:
+    """Operators, and managers of the queue's project, may pass the queue's limits for members
+    (the highest priority a member may ask for)."""
+    if user.is_staff:
+        return True
+    return Membership.objects.filter(user=user, project_id=queue.project_id, role=Role.MANAGER).exists()
+
+
 def usable_queues(user: AbstractBaseUser) -> QuerySet[Queue]:
     """The queues ``user`` may submit to: those of the projects they are a member of."""
     queues = Queue.objects.select_related("project")

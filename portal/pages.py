@@ -39,7 +39,7 @@ from scheduling.selectors import (
     queue_gpu_rows,
     recent_jobs,
 )
-from scheduling.services.jobs import ACTION_SOURCES, cancel_job
+from scheduling.services.jobs import ACTION_SOURCES, OPERATOR_HOLDS, cancel_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 
 PAGE = 50
@@ -153,7 +153,13 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "gpus": gpus_with_nodes(placement.gpu_ids if placement else []),
         "events": job_events(job),
         "why": reason_sentence(job),
-        "actions": [a for a, states in ACTION_SOURCES.items() if allowed and job.state in states],
+        "actions": [
+            a
+            for a, states in ACTION_SOURCES.items()
+            if allowed
+            and job.state in states
+            and not (a == "release" and job.reason in OPERATOR_HOLDS and not request.user.is_staff)
+        ],
         "action_sources": {a: sorted(states) for a, states in ACTION_SOURCES.items()},
     }
     return render(request, "portal/job.html", context)

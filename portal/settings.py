@@ -291,6 +291,8 @@ NODE_RECOVERY = int(os.environ.get("ORRERY_NODE_RECOVERY", 30))
 ORRERY_EMBEDDED_TASKS = [(task, every) for task, every in _PERIODIC.values()]
 # Flow control: a project's waiting (PENDING + HELD) jobs are capped; submissions past it get 429.
 ORRERY_MAX_WAITING_JOBS_PER_PROJECT = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_PER_PROJECT", 100_000))
+# …and each user's within a project, so one member's backlog never locks the others out.
+ORRERY_MAX_WAITING_JOBS_PER_USER = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_PER_USER", 20_000))
 ORRERY_HEARTBEAT_INTERVAL = int(os.environ.get("ORRERY_HEARTBEAT_INTERVAL", 10))
 # A join token expires this long after it is made unless its maker says otherwise.
 ORRERY_JOIN_TOKEN_TTL_S = int(os.environ.get("ORRERY_JOIN_TOKEN_TTL_S", 3600))

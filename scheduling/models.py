@@ -45,6 +45,19 @@ class Queue(models.Model):
     max_pending_jobs = models.PositiveIntegerField(
         null=True, blank=True, help_text="Submissions beyond this many pending jobs are refused."
     )
+    max_pending_jobs_per_user = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Per user: submissions beyond this many waiting jobs are refused."
+    )
+    max_member_priority = models.IntegerField(
+        default=100,
+        help_text="The highest priority a member may ask for; managers and operators may go higher.",
+    )
+    max_time_limit_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The longest time limit a job may ask for, in seconds; also the limit of jobs that "
+        "give none.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -116,6 +129,9 @@ class Job(models.Model):
     retries = models.PositiveIntegerField(default=0)
     failover_policy = models.CharField(
         max_length=8, choices=FailoverPolicy.choices, default=FailoverPolicy.HOLD
+    )
+    secret_env = models.TextField(
+        blank=True, help_text="The job's secret environment, sealed (foundation.sealing); never shown."
     )
 
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)

@@ -58,6 +58,7 @@ SPEC_FIELDS = {
     "setup",
     "image",
     "env",
+    "secretEnv",
     "workdir",
     "placement",
     "retries",
@@ -102,6 +103,7 @@ class JobSpec:
     setup: str
     image: str
     env: dict[str, str]
+    secret_env: dict[str, str]
     workdir: str
     clusters: list[str]
     node_selector: dict[str, str]
@@ -180,6 +182,30 @@ class _Collector:
                 else:
                     out[key] = text
         return out
+
+
+def _environment(c: _Collector, env: Any, secret: Any, path: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The job's plain and secret environment. Secret values come from ``secretEnv`` or from
+    ``env`` entries written ``{value: …, secret: true}``; a name is either plain or secret."""
+    plain: dict[str, Any] = {}
+    marked: dict[str, Any] = {}
+    for key, item in c.mapping(env, f"{path}.env").items():
+        if not isinstance(item, dict):
+            plain[key] = item
+            continue
+        entry = c.mapping(item, f"{path}.env.{key}", {"value", "secret"})
+        if not isinstance(entry.get("secret", False), bool):
+            c.add(f"{path}.env.{key}.secret", f"must be true or false, not {_kind(entry['secret'])}")
+        elif "value" not in entry:
+            c.add(f"{path}.env.{key}.value", "is required")
+        else:
+            (marked if entry.get("secret") else plain)[key] = entry["value"]
+    plain_env = c.string_map(plain, f"{path}.env", _ENV_KEY, "environment variable")
+    secret_env = c.string_map(marked, f"{path}.env", _ENV_KEY, "environment variable")
+    given = c.string_map(secret, f"{path}.secretEnv", _ENV_KEY, "environment variable")
+    for key in sorted(given.keys() & (plain_env.keys() | secret_env.keys())):
+        c.add(f"{path}.secretEnv.{key}", "is also set in env; give each variable once")
+    return plain_env, secret_env | given
 
 
 def _kind(value: Any) -> str:
@@ -388,7 +414,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         c.add(f"{p}spec.run", "is required (a shell command), unless an image is given")
     setup = c.string(spec.get("setup"), f"{p}spec.setup", max_length=1_000_000)
     workdir = c.string(spec.get("workdir"), f"{p}spec.workdir", max_length=4096)
-    env = c.string_map(spec.get("env"), f"{p}spec.env", _ENV_KEY, "environment variable")
+    env, secret_env = _environment(c, spec.get("env"), spec.get("secretEnv"), f"{p}spec")
 
     placement = c.mapping(spec.get("placement"), f"{p}spec.placement", PLACEMENT_FIELDS)
     clusters_raw = placement.get("clusters") or []
@@ -441,6 +467,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         setup=setup,
         image=image,
         env=env,
+        secret_env=secret_env,
         workdir=workdir,
         clusters=clusters,
         node_selector=selector,

@@ -3,6 +3,8 @@ connection is tested first, and nothing is created when it fails."""
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 
 from clusters.adapters.base import Inventory
@@ -12,6 +14,8 @@ from clusters.adapters.slurm.inventory import collect
 from clusters.adapters.slurm.tags import new_tag
 from clusters.choices import ClusterKind, ClusterState, Identity
 from clusters.models import Cluster, ClusterSecret
+
+log = logging.getLogger(__name__)
 
 
 @transaction.atomic
@@ -44,7 +48,18 @@ def onboard_slurm(
     if output_dir:
         check_output_dir(output_dir)
     client = SlurmClient(url, token, user)
-    version = client.connect()
+    try:
+        version = client.connect()
+    except SlurmError as exc:
+        if exc.slurmrestd:
+            raise  # a slurmrestd answered: what it said helps, and reveals nothing else
+        # The same answer whatever else failed (refused, timed out, another service's page): the
+        # onboarding form must not be a way to scan the control plane's network. The detail
+        # goes to the server's log, where operators debug.
+        log.warning("onboarding %s: connection test to %s failed: %s", name, url, exc)
+        raise SlurmError(
+            "no slurmrestd accepted this token at this URL (the server's log says why)", "url"
+        ) from None
     before = (
         Cluster.objects.select_for_update().filter(name=name).values_list("config", flat=True).first() or {}
     )

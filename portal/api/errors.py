@@ -17,7 +17,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from scheduling.services.jobs import IdempotencyConflict, TooManyPending
+from scheduling.services.jobs import IdempotencyConflict, OperatorsOnly, TooManyPending
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 from scheduling.spec import SpecError
 
@@ -55,6 +55,8 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         return response
     elif isinstance(exc, InvalidTransition | TransitionConflict):
         return _body(409, str(exc))
+    elif isinstance(exc, OperatorsOnly):
+        return _body(403, f"{str(exc)[0].upper()}{str(exc)[1:]}.")
     elif isinstance(exc, RequestDataTooBig):
         return _body(
             413, "The request body is too large (the limit is 8 MiB); split a batch into smaller ones."

@@ -35,6 +35,7 @@ from portal.access import (
     access_job,
     access_token,
     can_act_on_job,
+    is_privileged_in,
     submission_queue,
     visible_jobs,
     visible_projects,
@@ -141,7 +142,9 @@ class JobListView(GenericAPIView):
     def post(self, request: Request) -> Response:
         spec = parse_job_spec(_document(request.data))
         queue = submission_queue(request.user, spec.project, spec.queue)
-        requests = build_requests(spec, queue, owner=request.user)
+        requests = build_requests(
+            spec, queue, owner=request.user, privileged=is_privileged_in(request.user, queue)
+        )
         if len(requests) != 1:
             raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
         if _flag(request, "dryRun"):
@@ -176,6 +179,7 @@ class JobBatchView(APIView):
         errors: list[tuple[str, str]] = []
         requests = []
         queues: dict[tuple[str | None, str], Queue] = {}  # specs of a batch mostly share these
+        privileged: dict[int, bool] = {}
         models: dict[str, Any] = {}
         for i, document in enumerate(documents):
             try:
@@ -185,7 +189,16 @@ class JobBatchView(APIView):
                         request.user, spec.project, spec.queue, path=f"jobs[{i}]"
                     )
                 queue = queues[spec.project, spec.queue]
-                requests += build_requests(spec, queue, owner=request.user, path=f"jobs[{i}]", models=models)
+                if queue.pk not in privileged:
+                    privileged[queue.pk] = is_privileged_in(request.user, queue)
+                requests += build_requests(
+                    spec,
+                    queue,
+                    owner=request.user,
+                    path=f"jobs[{i}]",
+                    models=models,
+                    privileged=privileged[queue.pk],
+                )
             except SpecError as exc:
                 errors += exc.errors
             if len(requests) > MAX_BATCH_JOBS:
@@ -307,6 +320,9 @@ class QueueListView(APIView):
                 "fairShareWeight": q.fair_share_weight,
                 "cohort": q.cohort or None,
                 "maxPendingJobs": q.max_pending_jobs,
+                "maxPendingJobsPerUser": q.max_pending_jobs_per_user,
+                "maxMemberPriority": q.max_member_priority,
+                "maxTimeLimitSeconds": q.max_time_limit_s,
                 "gpus": [row | {"quota": row["quota"] or 0} for row in gpus[q.pk]],
                 "jobs": jobs.get(q.pk, {}),
             }
@@ -333,8 +349,8 @@ class ClusterListView(ListAPIView):
         responses={201: ClusterSerializer, 403: OpenApiResponse(ERROR_SCHEMA), **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only operators may add clusters.")
+        if not request.user.has_perm("clusters.onboard_cluster"):
+            raise PermissionDenied("Adding clusters needs the 'onboard clusters' permission.")
         form = ClusterOnboardSerializer(data=request.data if isinstance(request.data, dict) else {})
         form.is_valid(raise_exception=True)
         data = form.validated_data
@@ -388,8 +404,8 @@ class ClusterAccountView(APIView):
     throttle_classes = [ReadThrottle]
 
     def _target(self, request: Request, name: str, username: str) -> tuple[Cluster, Any]:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only operators may map accounts.")
+        if not request.user.has_perm("clusters.change_posixaccount"):
+            raise PermissionDenied("Mapping accounts needs the 'change POSIX account' permission.")
         cluster = cluster_by_name(name) or _missing()
         user = get_user_model().objects.filter(username=username).first() or _missing()
         return cluster, user

@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 
 from clusters.adapters.base import Share, Simulation, Work
 from clusters.services.identity import run_as_names
+from foundation.sealing import unseal
 from scheduling.models import Allocation, JobAttempt
 
 
@@ -41,6 +42,7 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
             "job__time_limit_s",
             "job__cpu_millicores_per_node",
             "job__memory_bytes_per_node",
+            "job__secret_env",
             "cluster_id",
             "job__owner_id",
         )
@@ -67,8 +69,9 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
 
 
 def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
-    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, _, _ = row
+    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, secret, _, _ = row
     spec = spec or {}
+    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
     sim = spec.get("sim")
     return Work(
         attempt_id=str(pk),
@@ -76,7 +79,7 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         number=number,
         epoch=epoch,
         script=shell_command(command, spec.get("setup") or "", spec.get("workdir") or ""),
-        env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+        env=env | unseal(secret) if secret else env,  # the running job alone sees secret values
         shares=tuple(Share(n, name, tuple(g)) for n, (name, g) in shares.items()),
         time_limit_s=time_limit_s,
         remote_id=remote_id,

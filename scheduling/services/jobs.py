@@ -7,6 +7,7 @@ Permission checks happen before, in ``portal.access``; these functions trust the
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -16,10 +17,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 
 from clusters.models import GpuModel
 from foundation.live import publish_on_commit
+from foundation.sealing import seal
 from scheduling.choices import (
     ACTIVE_STATES,
     WAITING_STATES,
@@ -53,10 +55,18 @@ class JobRequest:
     retries: int = 0
     failover_policy: str = FailoverPolicy.HOLD
     spec: dict[str, Any] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def digest(self) -> str:
-        """A stable hash of what was asked, to tell a retry from a different request."""
-        body = asdict(self) | {"queue": self.queue.pk, "gpu_model": self.gpu_model and self.gpu_model.slug}
+        """A stable hash of what was asked, to tell a retry from a different request. Secret
+        values enter only through a keyed hash, so the stored digest cannot be used to guess them."""
+        body = asdict(self) | {
+            "queue": self.queue.pk,
+            "gpu_model": self.gpu_model and self.gpu_model.slug,
+            "secret_env": hmac.new(
+                settings.SECRET_KEY.encode(), json.dumps(self.secret_env, sort_keys=True).encode(), "sha256"
+            ).hexdigest(),
+        }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -69,7 +79,11 @@ class IdempotencyConflict(Exception):
 
 
 class TooManyPending(Exception):
-    """Accepting the jobs would take a project or queue past its cap on waiting jobs."""
+    """Accepting the jobs would take a project, a queue or a user past a cap on waiting jobs."""
+
+
+class OperatorsOnly(Exception):
+    """The action is reserved to operators (releasing an operator's or a failover hold)."""
 
 
 def submit_job(
@@ -105,12 +119,13 @@ def submit_jobs(
     digests = [r.digest() for r in requests]
     if idempotency_key and (existing := _earlier_submission(actor, idempotency_key, keys, digests)):
         return existing, False
+    sealed: dict[int, str] = {}  # the tasks of an array share one secret environment: seal it once
     try:
         with transaction.atomic():
-            _check_waiting_caps(requests)
+            _check_waiting_caps(requests, actor)
             jobs = Job.objects.bulk_create(
                 [
-                    _new_job(r, actor=actor, key=key, digest=d)
+                    _new_job(r, actor=actor, key=key, digest=d, sealed=sealed)
                     for r, key, d in zip(requests, keys, digests, strict=True)
                 ]
             )
@@ -138,7 +153,11 @@ def submit_jobs(
     return jobs, True
 
 
-def _new_job(request: JobRequest, *, actor: AbstractBaseUser, key: str | None, digest: str) -> Job:
+def _new_job(
+    request: JobRequest, *, actor: AbstractBaseUser, key: str | None, digest: str, sealed: dict[int, str]
+) -> Job:
+    if request.secret_env and id(request.secret_env) not in sealed:
+        sealed[id(request.secret_env)] = seal(request.secret_env)
     return Job(
         owner=actor,
         project=request.queue.project,
@@ -157,6 +176,7 @@ def _new_job(request: JobRequest, *, actor: AbstractBaseUser, key: str | None, d
         placement=request.placement,
         retries=request.retries,
         failover_policy=request.failover_policy,
+        secret_env=sealed.get(id(request.secret_env), "") if request.secret_env else "",
         idempotency_key=key,
         request_digest=digest,
         state=JobState.PENDING,
@@ -184,36 +204,43 @@ def _earlier_submission(
     return jobs  # type: ignore[return-value]
 
 
-def _check_waiting_caps(requests: Sequence[JobRequest]) -> None:
-    """Refuse jobs that would take a project or a queue past its cap on waiting jobs.
+def _check_waiting_caps(requests: Sequence[JobRequest], actor: AbstractBaseUser) -> None:
+    """Refuse jobs that would take a project, a queue, or the submitting user in either, past a
+    cap on waiting jobs. Per-user caps keep one member's backlog from locking the rest of the
+    project out of a queue or project cap.
 
     The queues of the projects involved are locked first (in id order, so two batches cannot
     deadlock): concurrent submissions to one project then count one after the other, and the
-    cap holds exactly."""
+    caps hold exactly."""
     per_queue = Counter(r.queue.pk for r in requests)
     per_project = Counter(r.queue.project_id for r in requests)
     queues = {
         q.pk: q for q in Queue.objects.select_for_update().filter(project_id__in=per_project).order_by("pk")
     }
     waiting = Job.objects.filter(state__in=WAITING_STATES)
-    cap = settings.ORRERY_MAX_WAITING_JOBS_PER_PROJECT
+    mine = Count("pk", filter=Q(owner=actor))
+    cap, user_cap = settings.ORRERY_MAX_WAITING_JOBS_PER_PROJECT, settings.ORRERY_MAX_WAITING_JOBS_PER_USER
     for project_id, adding in per_project.items():
-        now = waiting.filter(project_id=project_id).count()
-        if now + adding > cap:
-            raise TooManyPending(
-                f"the project has {now} waiting jobs and may have at most {cap}; "
-                f"{adding} more would pass the cap — wait for some to start or cancel some"
-            )
+        counts = waiting.filter(project_id=project_id).aggregate(all=Count("pk"), mine=mine)
+        _refuse_past(counts["all"], adding, cap, "the project has")
+        _refuse_past(counts["mine"], adding, user_cap, "you have", " in this project")
     for queue_id, adding in per_queue.items():
         queue = queues[queue_id]
-        if queue.max_pending_jobs is None:
+        if queue.max_pending_jobs is None and queue.max_pending_jobs_per_user is None:
             continue
-        now = waiting.filter(queue_id=queue_id).count()
-        if now + adding > queue.max_pending_jobs:
-            raise TooManyPending(
-                f"queue {queue} has {now} waiting jobs and may have at most {queue.max_pending_jobs}; "
-                f"{adding} more would pass the cap"
-            )
+        counts = waiting.filter(queue_id=queue_id).aggregate(all=Count("pk"), mine=mine)
+        _refuse_past(counts["all"], adding, queue.max_pending_jobs, f"queue {queue} has")
+        _refuse_past(
+            counts["mine"], adding, queue.max_pending_jobs_per_user, "you have", f" in queue {queue}"
+        )
+
+
+def _refuse_past(now: int, adding: int, cap: int | None, who: str, where: str = "") -> None:
+    if cap is not None and now + adding > cap:
+        raise TooManyPending(
+            f"{who} {now} waiting jobs{where} and may have at most {cap}; {adding} more would pass "
+            "the cap — wait for some to start or cancel some"
+        )
 
 
 def _ids_by_project(jobs: list[Job]) -> dict[int, list[int]]:
@@ -250,27 +277,43 @@ def cancel_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -
 def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
     """Keep a job that has not started from being scheduled until it is released. A job already
     placed but not yet running (SCHEDULED) gives its placement back: its attempt ends and the
-    cluster withdraws it (the agent drops it, a Slurm job is cancelled)."""
+    cluster withdraws it (the agent drops it, a Slurm job is cancelled). An operator's hold
+    (Slurm's ``JobHeldAdmin``) is released only by an operator."""
+    by_operator = actor is not None and actor.is_staff
     return transition_job(
         job.pk,
         JobState.HELD,
         actor=actor,
-        reason=PendingReason.HELD,
+        reason=PendingReason.HELD_BY_OPERATOR if by_operator else PendingReason.HELD,
         message=message or _by(actor, "held"),
         only_from=ACTION_SOURCES["hold"],
     )
 
 
+# Holds that only an operator may release: an operator's own, and a failover hold (the job's
+# node was lost; someone with the fleet's view decides whether it may run again).
+OPERATOR_HOLDS = frozenset({PendingReason.HELD_BY_OPERATOR, PendingReason.NODE_LOST})
+
+
 def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
-    """Return a held job to the queue."""
-    return transition_job(
-        job.pk,
-        JobState.PENDING,
-        actor=actor,
-        reason=PendingReason.NONE,
-        message=message or _by(actor, "released"),
-        only_from=ACTION_SOURCES["release"],
-    )
+    """Return a held job to the queue. Raises ``OperatorsOnly`` when a user who is not an
+    operator tries to release an operator's or a failover hold; the job's row is locked while
+    this is decided, so a hold placed concurrently is never released by mistake."""
+    with transaction.atomic():
+        reason = Job.objects.select_for_update().values_list("reason", flat=True).get(pk=job.pk)
+        if reason in OPERATOR_HOLDS and not (actor is None or actor.is_staff):
+            who = (
+                "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
+            )
+            raise OperatorsOnly(f"job {job.pk} was held by {who}; only an operator may release it")
+        return transition_job(
+            job.pk,
+            JobState.PENDING,
+            actor=actor,
+            reason=PendingReason.NONE,
+            message=message or _by(actor, "released"),
+            only_from=ACTION_SOURCES["release"],
+        )
 
 
 def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:

@@ -16,14 +16,22 @@ from scheduling.spec import JobSpec, SpecError
 
 
 def build_requests(
-    spec: JobSpec, queue: Queue, *, owner: Any, path: str = "", models: dict[str, Any] | None = None
+    spec: JobSpec,
+    queue: Queue,
+    *,
+    owner: Any,
+    path: str = "",
+    models: dict[str, Any] | None = None,
+    privileged: bool = False,
 ) -> list[JobRequest]:
     """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``.
     ``owner`` is the submitting user: the job goes only to clusters where that user has a POSIX
-    account. ``models`` memoises lookups (GPU models, accounts) across the specs of one batch of
-    one owner."""
+    account. ``privileged`` (a manager of the queue's project, or an operator; decided by the
+    caller) may ask for a priority above the queue's limit for members. ``models`` memoises
+    lookups (GPU models, accounts) across the specs of one batch of one owner."""
     p = f"{path}." if path else ""
-    errors: list[tuple[str, str]] = []
+    errors = queue_limit_errors(spec, queue, privileged=privileged, path=path)
+    time_limit_s = spec.time_limit_s if spec.time_limit_s is not None else queue.max_time_limit_s
     gpu_model = None
     if spec.gpus.count:
         models = {} if models is None else models
@@ -81,13 +89,15 @@ def build_requests(
         nodes=spec.nodes,
         cpu_millicores_per_node=spec.cpu_millicores,
         memory_bytes_per_node=spec.memory_bytes,
-        time_limit_s=spec.time_limit_s,
+        time_limit_s=time_limit_s,
         command=spec.run,
         priority=spec.priority,
         placement={"clusters": clusters, "nodeSelector": selector},
         retries=spec.retries,
         failover_policy=spec.failover,
+        secret_env=spec.secret_env,
     )
+    normalised["timeLimitSeconds"] = time_limit_s
     if spec.array is None:
         return [JobRequest(name=spec.name, labels=spec.labels, spec=normalised, **base)]
     requests = []
@@ -99,6 +109,32 @@ def build_requests(
         labels = spec.labels | {"orrery.io/array": spec.name, "orrery.io/array-index": str(index)}
         requests.append(JobRequest(name=f"{spec.name}-{index}", labels=labels, spec=task, **base))
     return requests
+
+
+def queue_limit_errors(
+    spec: JobSpec, queue: Queue, *, privileged: bool, path: str = ""
+) -> list[tuple[str, str]]:
+    """What the queue does not allow: a priority above its limit for members (managers and
+    operators may go up to the spec's own bound), a time limit above its longest."""
+    p = f"{path}." if path else ""
+    errors = []
+    if spec.priority > queue.max_member_priority and not privileged:
+        errors.append(
+            (
+                f"{p}spec.priority",
+                f"queue {queue} lets members ask for a priority of at most {queue.max_member_priority}; "
+                "a project manager or an operator may set a higher one",
+            )
+        )
+    if queue.max_time_limit_s is not None and (spec.time_limit_s or 0) > queue.max_time_limit_s:
+        errors.append(
+            (
+                f"{p}spec.timeLimit",
+                f"queue {queue} allows at most {queue.max_time_limit_s} seconds; ask for less or use "
+                "another queue",
+            )
+        )
+    return errors
 
 
 def image_clusters(asked: list[str]) -> tuple[list[str], set[str], str]:
@@ -179,6 +215,7 @@ def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[
         "setup": spec.setup,
         "image": spec.image,
         "env": spec.env,
+        "secretEnv": sorted(spec.secret_env),  # names only: the values are sealed on the job
         "workdir": spec.workdir,
         "placement": {"clusters": spec.clusters, "nodeSelector": spec.node_selector},
         "retries": spec.retries,

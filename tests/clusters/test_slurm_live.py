@@ -71,7 +71,7 @@ def test_onboarding_tests_the_connection_and_reads_the_nodes(slurm, tmp_path):
 
 @pytest.mark.parametrize(
     "url, token, words",
-    [("http://127.0.0.1:9", "x", "cannot reach slurmrestd"), (None, "not-a-jwt", "could not use the token")],
+    [("http://127.0.0.1:9", "x", "no slurmrestd accepted"), (None, "not-a-jwt", "could not use the token")],
     ids=["unreachable", "bad-token"],
 )
 def test_onboarding_says_what_is_wrong(slurm, tmp_path, url, token, words):
@@ -148,7 +148,7 @@ def test_operators_onboard_through_the_api(slurm, api, alice, operator, tmp_path
     ops = api(operator)
     bad = [
         ({**body, "token": "not-a-jwt"}, "token", "could not use the token"),
-        ({**body, "url": "http://127.0.0.1:9"}, "url", "cannot reach slurmrestd"),
+        ({**body, "url": "http://127.0.0.1:9"}, "url", "no slurmrestd accepted"),
         ({**body, "url": "not a url", "kind": "pbs"}, "url", "valid URL"),
         ({k: v for k, v in body.items() if k != "token"}, "token", "required"),
         ({**body, "identity": "everyone"}, "identity", "not a valid choice"),

@@ -140,11 +140,23 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
 
 class SlurmError(AdapterError):
     """What is wrong, in words an operator can act on; ``field`` names the onboarding setting
-    at fault (``url`` or ``token``), when one is."""
+    at fault (``url`` or ``token``), when one is. ``slurmrestd`` is true when a slurmrestd
+    itself said it (not any server at that address)."""
 
-    def __init__(self, message: str, field: str = "") -> None:
+    def __init__(self, message: str, field: str = "", *, slurmrestd: bool = False) -> None:
         super().__init__(message)
         self.field = field
+        self.slurmrestd = slurmrestd
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """slurmrestd never redirects; following one would carry the token to another address."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect refused ({msg})", headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 class SlurmClient:
@@ -164,7 +176,7 @@ class SlurmClient:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _OPENER.open(request, timeout=self.timeout) as response:
                 body = response.read() or b"{}"
             answer = json.loads(body)
             if not isinstance(answer, dict):
@@ -182,7 +194,9 @@ class SlurmClient:
                 errors = []
             if any(e.get("source") == "slurm_load_ctl_conf" for e in errors):
                 raise SlurmError(
-                    "slurmrestd could not use the token: expired, or signed with another key", "token"
+                    "slurmrestd could not use the token: expired, or signed with another key",
+                    "token",
+                    slurmrestd=True,
                 ) from None
             if exc.code == 404:
                 raise SlurmError(f"not found: {path}") from None
