@@ -28,6 +28,7 @@ JOB_SPEC_SCHEMA = {
             "properties": {
                 "queue": {"type": "string", "default": "default"},
                 "priority": {
+                    "description": "Above the queue's maxMemberPriority only for managers and operators.",
                     "oneOf": [
                         {"type": "string", "enum": ["low", "normal", "high"]},
                         {"type": "integer", "minimum": -1000, "maximum": 1000},
@@ -67,7 +68,25 @@ JOB_SPEC_SCHEMA = {
                 "run": {"type": "string"},
                 "setup": {"type": "string"},
                 "image": {"type": "string"},
-                "env": _STRING_MAP,
+                "env": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "oneOf": [
+                            {"type": "string"},
+                            {
+                                "type": "object",
+                                "required": ["value"],
+                                "additionalProperties": False,
+                                "properties": {"value": {"type": "string"}, "secret": {"type": "boolean"}},
+                            },
+                        ]
+                    },
+                    "description": "NAME: value, or NAME: {value, secret: true} for a secret value",
+                },
+                "secretEnv": {
+                    **_STRING_MAP,
+                    "description": "Values only the running job sees: sealed at rest, never shown back.",
+                },
                 "workdir": {"type": "string"},
                 "placement": {
                     "type": "object",
