@@ -49,7 +49,11 @@ class Membership(models.Model):
 class ApiToken(models.Model):
     """A personal API token. Only its SHA-256 digest is stored: the token is shown once, when it
     is issued. Tokens carry 256 bits of randomness, so a fast digest (not a password hash) is
-    safe and keeps authentication a cached lookup. ``prefix`` lets a user tell tokens apart."""
+    safe and keeps authentication a cached lookup. ``prefix`` lets a user tell tokens apart.
+
+    ``scopes`` (a list of ``Scope`` values, a JSON list so it reads the same on PostgreSQL and
+    SQLite) narrows what requests made with the token may do; every token expires
+    (``expires_at``, at most ``ORRERY_TOKEN_MAX_DAYS`` after issue; ``services/tokens.py``)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=80, default="default")
@@ -57,8 +61,9 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    expires_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=list)
 
     class Meta:
         ordering = ["user_id", "-created_at"]
@@ -67,3 +72,6 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes

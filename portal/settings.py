@@ -237,7 +237,10 @@ REST_FRAMEWORK = {
         "portal.api.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.api.permissions.TokenScope",
+    ],
     "DEFAULT_PARSER_CLASSES": [
         "portal.api.parsers.StrictJsonParser",
         "portal.api.parsers.YamlParser",
@@ -267,6 +270,7 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "scheduling.choices.JobState",
         "NodeStateEnum": "clusters.choices.NodeState",
         "ClusterStateEnum": "clusters.choices.ClusterState",
+        "TokenScopeEnum": "portal.choices.Scope",
     },
 }
 # Job specs are small; a batch of 1,000 fits in a few MiB. Larger bodies are refused (413).
@@ -296,6 +300,12 @@ ORRERY_MAX_WAITING_JOBS_PER_USER = int(os.environ.get("ORRERY_MAX_WAITING_JOBS_P
 ORRERY_HEARTBEAT_INTERVAL = int(os.environ.get("ORRERY_HEARTBEAT_INTERVAL", 10))
 # A join token expires this long after it is made unless its maker says otherwise.
 ORRERY_JOIN_TOKEN_TTL_S = int(os.environ.get("ORRERY_JOIN_TOKEN_TTL_S", 3600))
+# Every personal API token expires: by default, and at most, this many days after it is issued.
+ORRERY_TOKEN_MAX_DAYS = int(os.environ.get("ORRERY_TOKEN_MAX_DAYS", 90))
+if ORRERY_TOKEN_MAX_DAYS < 1:
+    raise ImproperlyConfigured(
+        f"ORRERY_TOKEN_MAX_DAYS={ORRERY_TOKEN_MAX_DAYS}: use a number of days, 1 or more."
+    )
 ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
 

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from clusters.ingest.buffer import get_buffer
 from clusters.services.aggregation import forget_catalog
 from clusters.services.credentials import forget_cached_identities
+from portal.choices import Scope
 from portal.services.tokens import issue_token
 from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
 
@@ -29,12 +30,13 @@ def clean_pipeline():
 
 @pytest.fixture
 def api(db) -> Callable[..., APIClient]:
-    """``api(alice)`` is a client sending alice's bearer token; ``api()`` sends none."""
+    """``api(alice)`` is a client sending alice's bearer token (every scope unless ``scopes``
+    says otherwise); ``api()`` sends none."""
 
-    def make(user: Any = None) -> APIClient:
+    def make(user: Any = None, scopes: tuple[str, ...] = tuple(Scope.values)) -> APIClient:
         client = APIClient()
         if user is not None:
-            _, plaintext = issue_token(user, name="tests")
+            _, plaintext = issue_token(user, name="tests", scopes=scopes)
             client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
         return client
 

@@ -12,6 +12,7 @@ from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmError
 from clusters.choices import Identity
 from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
+from portal.choices import Scope
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES
 from scheduling.models import Job, JobEvent
@@ -270,20 +271,49 @@ class NodeEventSerializer(serializers.ModelSerializer):
 
 
 class TokenSerializer(serializers.ModelSerializer):
+    """A token as its owner sees it: never the token itself, which is shown once at issue."""
+
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices))
     createdAt = serializers.DateTimeField(source="created_at")
     lastUsedAt = serializers.DateTimeField(source="last_used_at", allow_null=True)
-    expiresAt = serializers.DateTimeField(source="expires_at", allow_null=True)
+    expiresAt = serializers.DateTimeField(source="expires_at")
     revokedAt = serializers.DateTimeField(source="revoked_at", allow_null=True)
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "createdAt", "lastUsedAt", "expiresAt", "revokedAt"]
+        fields = ["id", "name", "prefix", "scopes", "createdAt", "lastUsedAt", "expiresAt", "revokedAt"]
+        read_only_fields = fields
+
+
+class IssuedTokenSerializer(TokenSerializer):
+    """The answer to ``POST tokens``: the token row and, this once, the token."""
+
+    token = serializers.CharField(help_text="The token (orr_…); shown only in this answer.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
         read_only_fields = fields
 
 
 class TokenRequestSerializer(serializers.Serializer):
+    """``POST tokens``. A token made with a token can neither outlive it nor hold a scope it
+    lacks; no token lives longer than the site's maximum. A refusal is a 400 at the field."""
+
     name = serializers.CharField(max_length=80, default="default")
-    expiresInDays = serializers.IntegerField(min_value=1, max_value=3650, required=False)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=Scope.choices),
+        allow_empty=False,
+        max_length=len(Scope.values),
+        required=False,
+        help_text="Default: read and submit (with a token: those of them the token holds).",
+    )
+    expiresInDays = serializers.IntegerField(
+        min_value=1,
+        max_value=36_500,
+        required=False,
+        help_text="Default and maximum: ORRERY_TOKEN_MAX_DAYS (90), and with a token, never past "
+        "that token's expiry.",
+    )
 
 
 class PosixAccountSerializer(serializers.ModelSerializer):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import Http404
-from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -48,6 +46,7 @@ from portal.api.serializers import (
     ClusterOnboardSerializer,
     ClusterSerializer,
     GpuModelSerializer,
+    IssuedTokenSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -58,9 +57,10 @@ from portal.api.serializers import (
     TokenSerializer,
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
+from portal.choices import Scope
 from portal.models import ApiToken
 from portal.selectors import api_tokens, memberships
-from portal.services.tokens import issue_token, revoke_token
+from portal.services.tokens import TokenRefused, issue_token, revoke_token
 from scheduling.models import Job, Queue
 from scheduling.selectors import (
     fleet_capacity,
@@ -77,7 +77,7 @@ from scheduling.spec import SpecError, parse_job_spec
 
 MAX_BATCH = 1000
 MAX_BATCH_JOBS = 10_000
-ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 404, 409, 422, 429)}
+ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 403, 404, 409, 422, 429)}
 
 
 class IdCursor(CursorPagination):
@@ -111,6 +111,7 @@ class JobListView(GenericAPIView):
 
     serializer_class = JobSerializer
     pagination_class = IdCursor
+    write_scope = Scope.SUBMIT
 
     def get_throttles(self) -> list[Any]:
         return [SubmitThrottle()] if self.request.method == "POST" else [ReadThrottle()]
@@ -163,6 +164,7 @@ class JobBatchView(APIView):
     transaction: all are accepted or none. ``spec.array`` expands server-side."""
 
     throttle_classes = [SubmitThrottle]
+    write_scope = Scope.SUBMIT
 
     @extend_schema(
         request={"application/json": JOB_BATCH_SCHEMA, "application/yaml": JOB_BATCH_SCHEMA},
@@ -261,6 +263,7 @@ class JobActionView(APIView):
     """``POST jobs/{id}/cancel|hold|release|requeue``: owners, project managers and operators."""
 
     throttle_classes = [SubmitThrottle]
+    write_scope = Scope.SUBMIT
     services = {"cancel": cancel_job, "hold": hold_job, "release": release_job, "requeue": requeue_job}
     verb = ""  # set per URL by as_view(verb=…)
 
@@ -337,6 +340,7 @@ class ClusterListView(ListAPIView):
     serializer_class = ClusterSerializer
     throttle_classes = [ReadThrottle]
     pagination_class = None
+    write_scope = Scope.OPERATE
 
     def get_queryset(self) -> QuerySet[Cluster]:
         return all_clusters()
@@ -402,6 +406,7 @@ class ClusterAccountView(APIView):
     removes the mapping: operators only."""
 
     throttle_classes = [ReadThrottle]
+    write_scope = Scope.OPERATE
 
     def _target(self, request: Request, name: str, username: str) -> tuple[Cluster, Any]:
         if not request.user.has_perm("clusters.change_posixaccount"):
@@ -506,27 +511,38 @@ class MeView(APIView):
 
 
 class TokenListView(APIView):
-    """Your API tokens. ``POST`` issues one and shows it once."""
+    """Your API tokens with their scopes, expiry and last use. ``POST`` issues one and shows it
+    once; made with a token, it can neither outlive that token nor hold a scope it lacks."""
 
     throttle_classes = [SubmitThrottle]
+    write_scope = Scope.SUBMIT
 
     @extend_schema(responses={200: inline_serializer("TokenList", {"results": TokenSerializer(many=True)})})
     def get(self, request: Request) -> Response:
         return Response({"results": TokenSerializer(api_tokens(request.user), many=True).data})
 
-    @extend_schema(request=TokenRequestSerializer, responses={201: OpenApiTypes.OBJECT, **ERRORS})
+    @extend_schema(request=TokenRequestSerializer, responses={201: IssuedTokenSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
         form = TokenRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
         form.is_valid(raise_exception=True)
-        token, plaintext = issue_token(request.user, name=form.validated_data["name"])
-        if days := form.validated_data.get("expiresInDays"):
-            token.expires_at = timezone.now() + timedelta(days=days)
-            token.save(update_fields=["expires_at"])
+        data = form.validated_data
+        issuer = request.auth if isinstance(request.auth, ApiToken) else None
+        try:
+            token, plaintext = issue_token(
+                request.user,
+                name=data["name"],
+                scopes=data.get("scopes"),
+                expires_in_days=data.get("expiresInDays"),
+                issuer=issuer,
+            )
+        except TokenRefused as exc:
+            raise InputError([(exc.field, str(exc))]) from None
         return Response(TokenSerializer(token).data | {"token": plaintext}, status=status.HTTP_201_CREATED)
 
 
 class TokenDetailView(APIView):
     throttle_classes = [SubmitThrottle]
+    write_scope = Scope.SUBMIT
 
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, pk: int) -> Response:

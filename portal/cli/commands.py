@@ -241,6 +241,33 @@ def cmd_queues(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokens(args: argparse.Namespace) -> int:
+    tokens = client_for(args).get("tokens")["results"]
+    if args.output != "table":
+        render.dump(tokens, args.output)
+        return 0
+
+    def when(stamp: str | None, default: str) -> str:
+        return stamp[:16].replace("T", " ") if stamp else default
+
+    render.table(
+        ["ID", "NAME", "PREFIX", "SCOPES", "EXPIRES", "LAST USED", "REVOKED"],
+        [
+            [
+                t["id"],
+                t["name"],
+                t["prefix"],
+                ",".join(t["scopes"]),
+                when(t["expiresAt"], "-"),
+                when(t["lastUsedAt"], "never"),
+                when(t["revokedAt"], "-"),
+            ]
+            for t in tokens
+        ],
+    )
+    return 0
+
+
 # --- parser -----------------------------------------------------------------------------------
 
 
@@ -319,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     output(p)
 
     output(add("queues", cmd_queues, "List queues with quota and use."))
+    output(add("tokens", cmd_tokens, "List your API tokens with their scopes, expiry and last use."))
     return parser
 
 

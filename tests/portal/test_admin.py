@@ -177,7 +177,7 @@ def test_job_page_shows_history_attempts_and_allocations(console, world):
 def test_issuing_a_token_in_the_console_shows_it_once(console, alice):
     response = console.post(
         reverse("admin:portal_apitoken_add"),
-        {"user": alice.pk, "name": "laptop", "expires_at": ""},
+        {"user": alice.pk, "name": "laptop", "scopes": ["read", "submit"], "expires_in_days": ""},
         follow=True,
     )
     assert "copy it now" in response.content.decode()

@@ -129,3 +129,13 @@ def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "orrery")
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and result.stdout.startswith("orrery ")
+
+
+def test_tokens_lists_scopes_expiry_and_last_use(cli):
+    listed = cli("tokens")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:5] == ["ID", "NAME", "PREFIX", "SCOPES", "EXPIRES"] and "LAST USED" in header
+    assert "read,submit" in row and "never" not in row  # the login used it
+    as_json = json.loads(cli("tokens", "-o", "json").stdout)
+    assert as_json[0]["scopes"] == ["read", "submit"] and as_json[0]["expiresAt"]
