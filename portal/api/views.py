@@ -506,6 +506,9 @@ class MeView(APIView):
                 "operator": request.user.is_staff,
                 "projects": [{"name": m.project.name, "role": m.role} for m in memberships(request.user)],
                 "authenticatedWith": "token" if isinstance(request.auth, ApiToken) else "session",
+                "token": {"scopes": request.auth.scopes, "expiresAt": request.auth.expires_at}
+                if isinstance(request.auth, ApiToken)
+                else None,
             }
         )
 
