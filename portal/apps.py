@@ -7,6 +7,9 @@ class PortalConfig(AppConfig):
     name = "portal"
     verbose_name = "Projects and access"
 
+    def ready(self) -> None:
+        from portal import checks  # noqa: F401  (registers the deploy checks)
+
 
 class OrreryAdminConfig(admin_apps.AdminConfig):
     """django.contrib.admin, with the console's landing page and scheduler page."""

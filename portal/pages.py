@@ -13,6 +13,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from clusters.selectors import (
@@ -138,7 +139,16 @@ def bulk_cancel(request: HttpRequest) -> HttpResponse:
     messages.info(
         request, f"Cancelled {done} job(s)" + (f"; {refused} could not be cancelled." if refused else ".")
     )
-    return redirect(request.POST.get("next") or "jobs")
+    return redirect(_same_site(request, request.POST.get("next")) or "jobs")
+
+
+def _same_site(request: HttpRequest, url: str | None) -> str | None:
+    """``url`` when it stays on this site (a path, or this host over this scheme), else None:
+    a ``next`` pointing elsewhere would make the portal an open redirect."""
+    allowed = url_has_allowed_host_and_scheme(
+        url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    )
+    return url if allowed else None
 
 
 @login_required

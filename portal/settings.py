@@ -6,16 +6,22 @@ Two shapes of deployment share this file:
   in-process heartbeat buffers, scheduler and aggregator on an in-process timer;
 * production (``ORRERY_ENVIRONMENT=production``): PostgreSQL from ``DATABASE_URL``, Redis from
   ``REDIS_URL``, HTTPS hardening, and a secret key that must come from ``ORRERY_SECRET_KEY``.
+  Production refuses to start with debug pages on, a weak or placeholder secret key, or ``*`` in
+  the allowed hosts (``portal/deployment.py``); ``manage.py check --deploy`` reports the same
+  problems as errors in any environment (``portal/checks.py``).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from portal.deployment import production_problems
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -85,6 +91,10 @@ def _secrets_keys() -> list[str]:
 ORRERY_SECRETS_KEYS = _secrets_keys()
 ALLOWED_HOSTS = env_list("ORRERY_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("ORRERY_CSRF_TRUSTED_ORIGINS", "")
+if PRODUCTION and (
+    problems := production_problems(debug=DEBUG, secret_key=SECRET_KEY, allowed_hosts=ALLOWED_HOSTS)
+):
+    raise ImproperlyConfigured("Refusing to start in production: " + "; ".join(problems) + ".")
 
 INSTALLED_APPS = [
     "daphne",
@@ -100,6 +110,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "django_prometheus",
+    "axes",
     "foundation",
     "clusters",
     "scheduling",
@@ -117,6 +128,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # turns a lockout into its page; after auth, as axes asks
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -199,14 +211,46 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Axes' backend comes first: it refuses a locked-out (user name, address) pair before any
+# password is checked, so the right password does not get through a lockout either.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# Login throttling (django-axes, portal/lockout.py). Failures are counted per (user name, client
+# address) pair, in the database so that every process sees them. Not per user name alone: then
+# anyone could lock any user out from everywhere by typing wrong passwords; not per address
+# alone: then one attacker behind a shared NAT locks out everyone behind it.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = int(os.environ.get("ORRERY_LOGIN_FAILURE_LIMIT", 5))
+ORRERY_LOGIN_LOCKOUT_S = int(os.environ.get("ORRERY_LOGIN_LOCKOUT_S", 900))
+AXES_COOLOFF_TIME = timedelta(seconds=ORRERY_LOGIN_LOCKOUT_S)
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "portal.lockout.client_address"
+AXES_LOCKOUT_CALLABLE = "portal.lockout.lockout_response"
+AXES_VERBOSE = False
+
+# Debug pages and error reports redact passwords inside URLs in any setting (portal/error_reports.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "portal.error_reports.RedactingExceptionReporterFilter"
+
+# /metrics answers this bearer token (Prometheus' `authorization: credentials`) or a staff session.
+ORRERY_METRICS_TOKEN = os.environ.get("ORRERY_METRICS_TOKEN", "")
+
+# Headers set by a reverse proxy (X-Forwarded-Proto, X-Forwarded-For) are believed only when the
+# operator says one is in front and strips what clients send; otherwise any client could claim
+# HTTPS or another address.
+ORRERY_BEHIND_PROXY = env_bool("ORRERY_BEHIND_PROXY", False)
+if ORRERY_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 HTTPS = env_bool("ORRERY_HTTPS", PRODUCTION)
 if HTTPS:
     SECURE_SSL_REDIRECT = env_bool("ORRERY_SSL_REDIRECT", True)
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = int(os.environ.get("ORRERY_HSTS_SECONDS", 31536000))

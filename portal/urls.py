@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import pages
+from portal import pages, scrape
 
 urlpatterns = [
     path("", pages.dashboard, name="dashboard"),
@@ -24,5 +24,5 @@ urlpatterns = [
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("", include("django_prometheus.urls")),
+    path("metrics", scrape.metrics, name="prometheus-django-metrics"),
 ]

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -70,6 +71,8 @@ class Service:
 def _answers(port: int) -> bool:
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read()
+        return True
+    except urllib.error.HTTPError:  # 401 without the scrape token: the server is up all the same
         return True
     except OSError:
         return False

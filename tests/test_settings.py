@@ -14,12 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return run_argv(["-c", code], tmp_path, **env)
+
+
+def run_argv(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {
         k: v for k, v in os.environ.items() if not k.startswith(("ORRERY_", "DATABASE_URL", "REDIS_URL"))
     }
     clean |= {"DJANGO_SETTINGS_MODULE": "portal.settings", "ORRERY_DATA_DIR": str(tmp_path)} | env
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=120
+        [sys.executable, *argv], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=120
     )
 
 
@@ -82,3 +86,103 @@ def test_redis_url_switches_on_redis_layers(tmp_path):
 def test_bad_boolean_is_a_clear_error(tmp_path, value):
     result = run("import django; django.setup()", tmp_path, ORRERY_DEBUG=value)
     assert result.returncode != 0 and "ORRERY_DEBUG" in result.stderr
+
+
+# --- production refuses unsafe settings -------------------------------------------------------
+
+WEAK_KEYS = {
+    "placeholder": "changeme",
+    "padded-placeholder": "changeme" * 8,
+    "django-generated": "django-insecure-" + "a1b2c3d4e5f6g7h8i9j0" * 3,
+    "short": "Zq8-" * 12,  # 48 characters
+    "few-distinct": "abab" * 20,
+}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        pytest.param("ORRERY_DEBUG", "1", id="debug"),
+        *(pytest.param("ORRERY_SECRET_KEY", key, id=f"key-{name}") for name, key in WEAK_KEYS.items()),
+        pytest.param("ORRERY_ALLOWED_HOSTS", "*", id="wildcard-host"),
+        pytest.param("ORRERY_ALLOWED_HOSTS", "orrery.example.org,*", id="wildcard-among-hosts"),
+    ],
+)
+def test_production_refuses_to_start_unsafe(tmp_path, variable, value):
+    result = run("import django; django.setup()", tmp_path, **(PRODUCTION | {variable: value}))
+    assert result.returncode != 0
+    assert "Refusing to start in production" in result.stderr and variable in result.stderr
+
+
+# --- manage.py check --deploy -----------------------------------------------------------------
+
+# Safe settings without ORRERY_ENVIRONMENT=production: the deploy checks judge the settings, not
+# the label.
+SAFE_ANYWHERE = {
+    "ORRERY_HTTPS": "1",
+    "ORRERY_SECRET_KEY": PRODUCTION["ORRERY_SECRET_KEY"],
+    "ORRERY_ALLOWED_HOSTS": "orrery.example.org",
+}
+
+
+def check_deploy(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return run_argv(["manage.py", "check", "--deploy"], tmp_path, **env)
+
+
+@pytest.mark.parametrize("env", [PRODUCTION, SAFE_ANYWHERE], ids=["production", "development-label"])
+def test_check_deploy_passes_with_safe_settings(tmp_path, env):
+    result = check_deploy(tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    assert "orrery.E" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        pytest.param({"ORRERY_DEBUG": "1"}, "orrery.E001", id="debug"),
+        pytest.param({"ORRERY_SECRET_KEY": "changeme"}, "orrery.E002", id="placeholder-key"),
+        pytest.param({"ORRERY_SECRET_KEY": WEAK_KEYS["django-generated"]}, "orrery.E002", id="django-key"),
+        pytest.param({"ORRERY_ALLOWED_HOSTS": "*"}, "orrery.E003", id="wildcard-host"),
+        pytest.param({"ORRERY_HTTPS": "0"}, "orrery.E004", id="https-off"),
+        pytest.param({"ORRERY_METRICS_TOKEN": "metrics"}, "orrery.E005", id="guessable-metrics-token"),
+    ],
+)
+def test_check_deploy_fails_on_unsafe_settings(tmp_path, change, error):
+    result = check_deploy(tmp_path, **(SAFE_ANYWHERE | change))
+    assert result.returncode != 0 and error in result.stderr
+
+
+def test_check_deploy_fails_on_the_development_defaults(tmp_path):
+    result = check_deploy(tmp_path)
+    assert result.returncode != 0 and "orrery.E004" in result.stderr
+
+
+# --- proxy headers ----------------------------------------------------------------------------
+
+SPOOFED_HTTPS = (
+    "import django, json; django.setup()\n"
+    "from django.conf import settings; from django.http import HttpResponse\n"
+    "from django.middleware.security import SecurityMiddleware; from django.test import RequestFactory\n"
+    "request = RequestFactory().get('/jobs/', HTTP_X_FORWARDED_PROTO='https')\n"
+    "response = SecurityMiddleware(lambda r: HttpResponse('page'))(request)\n"
+    "print(json.dumps({'secure': request.is_secure(), 'status': response.status_code,\n"
+    "  'behind_proxy': settings.ORRERY_BEHIND_PROXY}))"
+)
+
+
+@pytest.mark.parametrize(
+    ("behind_proxy", "secure", "status"),
+    [
+        pytest.param(None, False, 301, id="no-proxy-said"),
+        pytest.param("0", False, 301, id="no-proxy"),
+        pytest.param("1", True, 200, id="behind-proxy"),
+    ],
+)
+def test_forwarded_proto_is_believed_only_behind_a_proxy(tmp_path, behind_proxy, secure, status):
+    env = SAFE_ANYWHERE | {"ORRERY_ALLOWED_HOSTS": "testserver"}
+    if behind_proxy is not None:
+        env["ORRERY_BEHIND_PROXY"] = behind_proxy
+    result = run(SPOOFED_HTTPS, tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen == {"secure": secure, "status": status, "behind_proxy": behind_proxy == "1"}

@@ -59,13 +59,15 @@ def test_seed_refuses_a_production_configuration(settings):
 def test_the_portal_opens_on_the_seeded_demo(client):
     seed_demo()
     assert client.get("/").status_code == 302  # sign in first
-    client.login(username="alice", password="alice")
+    signed_in = client.post("/accounts/login/", {"username": "alice", "password": "alice"})
+    assert signed_in.status_code == 302
     for path in ("/", "/submit/", "/jobs/", "/clusters/", "/clusters/sim-a/", "/fleet/", "/queues/"):
         assert client.get(path).status_code == 200, path
     assert "sim-a" in client.get("/clusters/").content.decode()
 
 
-def test_metrics_endpoint(client):
-    response = client.get("/metrics")
+def test_metrics_endpoint(client, settings):
+    settings.ORRERY_METRICS_TOKEN = "scrape-0123456789abcdefghijklmnopqrstuvwxyz"
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.ORRERY_METRICS_TOKEN}")
     assert response.status_code == 200
     assert b"django_http_requests" in response.content

@@ -77,6 +77,24 @@ def test_bulk_cancel_cancels_only_what_the_user_may(client, alice, bob, queue):
     assert Job.objects.get(pk=other.pk).state == JobState.PENDING
 
 
+@pytest.mark.parametrize(
+    ("next_url", "lands_on"),
+    [
+        pytest.param("/jobs/?state=RUNNING", "/jobs/?state=RUNNING", id="path-on-this-site"),
+        pytest.param("http://testserver/queues/", "http://testserver/queues/", id="this-host"),
+        pytest.param("https://evil.example/", "/jobs/", id="other-host"),
+        pytest.param("//evil.example/", "/jobs/", id="scheme-relative"),
+        pytest.param("/\\evil.example/", "/jobs/", id="backslash"),
+        pytest.param("https:evil.example", "/jobs/", id="scheme-without-slashes"),
+        pytest.param("javascript:alert(1)", "/jobs/", id="javascript"),
+        pytest.param("", "/jobs/", id="empty"),
+    ],
+)
+def test_bulk_cancel_redirects_only_within_the_site(signed_in, next_url, lands_on):
+    answer = signed_in.post("/jobs/cancel/", {"job": [], "next": next_url})
+    assert answer.status_code == 302 and answer["Location"] == lands_on
+
+
 def test_heatmap_data_has_every_node_in_columns(signed_in, node):
     data = signed_in.get("/fleet/nodes.json").json()
     assert data["name"] == ["a-n001"] and data["state"] == ["ready"] and data["gpus"] == [8]
