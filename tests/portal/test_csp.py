@@ -182,8 +182,14 @@ def test_the_api_reference_loads_its_initialiser_as_a_script_file(client):
 
 @pytest.mark.parametrize(
     ("path", "status"),
-    [("/api/v1/jobs", 200), ("/api/v1/jobs", 401), ("/api/schema/", 200), ("/no-such-page/", 404)],
-    ids=["api", "api-refused", "schema", "not-found"],
+    [
+        ("/api/v1/jobs", 200),
+        ("/api/v1/jobs", 401),
+        ("/api/schema/", 200),
+        ("/no-such-page/", 404),
+        ("/static/portal/live.js", 200),
+    ],
+    ids=["api", "api-refused", "schema", "not-found", "static-file"],
 )
 def test_every_response_carries_the_policy(client, alice, path, status):
     if status == 200:
