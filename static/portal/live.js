@@ -1,4 +1,8 @@
-/* Orrery portal: live pages over one websocket each, resynchronised from REST on reconnect. */
+/* Orrery portal: live pages over one websocket each, resynchronised from REST on reconnect.
+   No page carries inline script (the Content-Security-Policy allows only this origin's files):
+   <body data-page> names the page's initialiser, which reads its parameters from data
+   attributes and json_script blocks, and colours are set through element.style, never as
+   style="…" markup. */
 "use strict";
 const Orrery = (() => {
   const csrf = () => document.body.dataset.csrf;
@@ -199,9 +203,16 @@ const Orrery = (() => {
       for (let i = 0; i < n; i++) drawCell(i);
       $("#count").textContent = `${n} nodes`;
       const mode = $("#colour").value;
-      $("#legend").innerHTML = mode === "state"
-        ? Object.entries(STATE_COLOURS).map(([s, c]) => `<i style="background:${c}"></i>${s}`).join(" ")
-        : `<i style="background:${ramp(0)}"></i>0 % <i style="background:${ramp(0.5)}"></i>50 % <i style="background:${ramp(1)}"></i>100 %`;
+      legend(mode === "state" ? Object.entries(STATE_COLOURS) : [["0 %", ramp(0)], ["50 %", ramp(0.5)], ["100 %", ramp(1)]]);
+    };
+    const legend = (entries) => {
+      const box = $("#legend");
+      box.replaceChildren();
+      for (const [label, c] of entries) {
+        const swatch = document.createElement("i");
+        swatch.style.background = c;
+        box.append(swatch, `${label} `);
+      }
     };
     const load = async () => {
       const r = await fetch("/fleet/nodes.json" + (opts.cluster ? `?cluster=${encodeURIComponent(opts.cluster)}` : ""), {credentials: "same-origin"});
@@ -261,5 +272,19 @@ const Orrery = (() => {
   }
 
   let cellColour = () => null;
+
+  /* <body data-page="…"> → the page's initialiser, its parameters read from the page itself. */
+  const PAGES = {
+    dashboard: () => liveJobs("/ws/jobs/"),
+    jobs: jobsPage,
+    job: () => jobPage(Number($("#job-actions").dataset.job)),
+    submit: submitPage,
+    fleet: () => fleetPage({cluster: $("#heatmap").dataset.cluster}),
+  };
+  document.addEventListener("DOMContentLoaded", () => {
+    const init = PAGES[document.body.dataset.page];
+    if (init) init();
+  });
+
   return {api, socket, liveJobs, jobsPage, jobPage, submitPage, fleetPage, cellColour: (name) => cellColour(name)};
 })();

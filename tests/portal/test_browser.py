@@ -4,7 +4,10 @@ layer, so that what this process does (a scheduling cycle, a simulated cluster's
 the pages live.
 
 Screenshots of what the browser saw are kept in the test's temporary directory (the ones in
-docs/ come from the demo: scripts/screenshots.py)."""
+docs/ come from the demo: scripts/screenshots.py).
+
+`wait_for_function` predicates are written as functions (`"() => …"`): Playwright polls a bare
+expression through `eval` inside the page, which the Content-Security-Policy refuses."""
 
 from __future__ import annotations
 
@@ -126,16 +129,22 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     # The scheduler places it, the simulated cluster starts it: the page follows, no reload.
     page.evaluate("window.loadedOnce = true")
     assert run_cycle(SchedulerCache()).placed == 1
-    page.wait_for_function("document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=10_000)
+    page.wait_for_function(
+        "() => document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=10_000
+    )
     drain_outbox()
-    page.wait_for_function("document.querySelector('#job-state').textContent === 'RUNNING'", timeout=10_000)
+    page.wait_for_function(
+        "() => document.querySelector('#job-state').textContent === 'RUNNING'", timeout=10_000
+    )
     assert page.evaluate("window.loadedOnce") is True  # the same document all along
     page.wait_for_selector("#placement dt")
     assert "sim-a" in page.inner_text("#placement")
     page.screenshot(path=str(shots / "job.png"), full_page=True)
 
     page.click('#job-actions button[data-action="cancel"]')
-    page.wait_for_function("document.querySelector('#job-state').textContent === 'CANCELLED'", timeout=10_000)
+    page.wait_for_function(
+        "() => document.querySelector('#job-state').textContent === 'CANCELLED'", timeout=10_000
+    )
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
 
     page.goto(f"{server}/jobs/")
@@ -145,7 +154,7 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     page.fill('input[name="q"]', "finished-1")
     page.click('form.filters button[type="submit"]')
     page.wait_for_url("**q=finished-1**")
-    page.wait_for_function("document.querySelectorAll('tr[data-job]').length === 1")
+    page.wait_for_function("() => document.querySelectorAll('tr[data-job]').length === 1")
     assert page.evaluate("window.sameDocument") is True and "finished-1" in page.inner_text("table")
     for name in ("clusters", "queues"):
         page.goto(f"{server}/{name}/")
@@ -161,8 +170,8 @@ def test_an_operator_drains_a_node_and_the_heatmap_follows(server, browser, flee
     watcher = browser.new_page(viewport={"width": 1360, "height": 900})
     sign_in(watcher, server, "alice")
     watcher.goto(f"{server}/fleet/")
-    watcher.wait_for_function("document.querySelector('#heatmap').dataset.nodes === '40'")
-    watcher.wait_for_function("document.querySelector('#live').className === 'live on'")
+    watcher.wait_for_function("() => document.querySelector('#heatmap').dataset.nodes === '40'")
+    watcher.wait_for_function("() => document.querySelector('#live').className === 'live on'")
     ready = watcher.evaluate("Orrery.cellColour('a007')")
     assert ready == "rgb(46, 158, 91)"  # ready
     watcher.screenshot(path=str(shots / "fleet.png"), full_page=True)
@@ -177,5 +186,119 @@ def test_an_operator_drains_a_node_and_the_heatmap_follows(server, browser, flee
     assert Node.objects.get(name="a007").state in (NodeState.DRAINED, NodeState.DRAINING)
     ops.screenshot(path=str(shots / "console.png"), full_page=True)
 
-    watcher.wait_for_function("Orrery.cellColour('a007') !== 'rgb(46, 158, 91)'", timeout=10_000)
+    watcher.wait_for_function("() => Orrery.cellColour('a007') !== 'rgb(46, 158, 91)'", timeout=10_000)
     assert watcher.evaluate("Orrery.cellColour('a006')") == ready  # only that cell changed
+
+
+# Recorded from the first script of every document (Playwright's init scripts are the
+# browser's own, outside the page's policy), so a violation anywhere in a page is seen.
+RECORD_VIOLATIONS = """
+window.cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  const where = `${e.sourceFile}:${e.lineNumber}`;
+  window.cspViolations.push(`${e.effectiveDirective} refused ${e.blockedURI || "inline"} at ${where}`);
+});
+"""
+
+
+def watched_page(browser, problems: list[str]):
+    """A page whose script errors, console errors (Chromium logs each CSP refusal as one) and
+    policy violations all land in `problems`."""
+    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    page.add_init_script(RECORD_VIOLATIONS)
+    page.on("pageerror", lambda e: problems.append(f"{page.url}: {e}"))
+    page.on("console", lambda m: console_error(m, problems, page.url))
+    return page
+
+
+def console_error(message, problems: list[str], url: str) -> None:
+    # The site has no favicon; the browser's own request for one is not a page's fault.
+    if message.type == "error" and not message.location.get("url", "").endswith("/favicon.ico"):
+        problems.append(f"{url}: {message.text} ({message.location.get('url')})")
+
+
+def visit(page, url: str) -> None:
+    answer = page.goto(url)
+    assert answer.ok and "script-src 'self'" in answer.headers["content-security-policy"], url
+
+
+def until(page, predicate: str, problems: list[str], timeout: int = 30_000) -> None:
+    """wait_for_function that, when the page's script never gets there, says what was refused."""
+    try:
+        page.wait_for_function(predicate, timeout=timeout)
+    except Exception:
+        raise AssertionError(f"{page.url}: {predicate} never held; {violations(page) + problems}") from None
+
+
+def violations(page) -> list[str]:
+    return [f"{page.url}: {v}" for v in page.evaluate("window.cspViolations")]
+
+
+def test_every_page_works_under_the_content_security_policy(server, browser, fleet):
+    """The policy forbids inline script and style: each page's script still runs (live updates
+    over websockets, the heatmap, the charts, the console's widgets, Swagger UI) and the browser
+    refuses nothing."""
+    job = make_job(fleet["alice"], fleet["queue"], name="watched")
+    problems: list[str] = []
+    page = watched_page(browser, problems)
+    sign_in(page, server, "alice")
+    refused = violations(page)
+    live = "() => document.querySelector('#live').className === 'live on'"  # the websocket is up
+
+    visit(page, f"{server}/")
+    until(page, live, problems)
+    refused += violations(page)
+
+    visit(page, f"{server}/jobs/")
+    until(page, live, problems)
+    page.check("#all")  # the select-all box is the page script's
+    assert all(page.eval_on_selector_all('input[name="job"]', "boxes => boxes.map((b) => b.checked)"))
+    refused += violations(page)
+
+    visit(page, f"{server}/jobs/{job.pk}/")
+    until(page, live, problems)
+    page.click('#job-actions button[data-action="hold"]')
+    until(page, "() => document.querySelector('#job-state').textContent === 'HELD'", problems, timeout=10_000)
+    refused += violations(page)
+
+    visit(page, f"{server}/submit/")
+    page.click('.tabs button[data-tab="yaml"]')
+    assert page.is_visible("#submit-yaml") and not page.is_visible("#submit-form")
+    refused += violations(page)
+
+    for path in ("/fleet/", "/clusters/sim-a/"):
+        visit(page, f"{server}{path}")
+        until(page, "() => document.querySelector('#heatmap').dataset.nodes === '40'", problems)
+        until(page, live, problems)
+        page.wait_for_selector("#charts > *")  # uPlot's charts, or the note that there is no data yet
+        assert page.evaluate("Orrery.cellColour('a007')") == "rgb(46, 158, 91)"
+        # The legend's swatches are coloured through element.style, which the policy allows.
+        assert (
+            page.eval_on_selector_all("#legend i", "l => l.map((i) => i.style.background)")[0]
+            == "rgb(46, 158, 91)"
+        )
+        refused += violations(page)
+
+    visit(page, f"{server}/queues/")
+    refused += violations(page)
+
+    ops = watched_page(browser, problems)
+    sign_in(ops, server, "ops")
+    visit(ops, f"{server}/admin/")
+    refused += violations(ops)
+    visit(ops, f"{server}/admin/scheduling/job/")
+    ops.check('input[name="_selected_action"] >> nth=0')
+    ops.wait_for_selector("#result_list tr.selected")  # the actions script marked the row
+    refused += violations(ops)
+    visit(ops, f"{server}/admin/portal/apitoken/add/")
+    ops.click(".datetimeshortcuts a >> nth=0")  # "Today": the date widget's script
+    assert ops.input_value('input[name="expires_at_0"]') != ""
+    ops.click(".select2-selection")  # the user field's autocomplete
+    ops.wait_for_selector(".select2-results__option")
+    refused += violations(ops)
+    visit(ops, f"{server}/api/docs/")
+    ops.wait_for_selector(".swagger-ui .opblock", timeout=15_000)  # Swagger UI drew the API
+    refused += violations(ops)
+
+    assert refused == []
+    assert problems == []
