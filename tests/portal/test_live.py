@@ -237,3 +237,15 @@ async def test_a_failed_recheck_closes_rather_than_trusts(world, monkeypatch):
     _, headers = await sync_to_async(_signed_in)(world["alice"])
     socket = await _open("/ws/jobs/", headers)
     assert await _closed_with(socket) == 1011
+
+
+def test_a_recheck_reads_the_session_and_the_user_in_two_queries(world, django_assert_num_queries):
+    """The per-socket cost the consumers' docstring promises (the access query comes on top)."""
+    from portal.consumers import _session_user
+
+    client, _ = _signed_in(world["alice"])
+    key = client.session.session_key
+    with django_assert_num_queries(2):
+        assert _session_user(key) == world["alice"]
+    client.logout()
+    assert _session_user(key) is None
