@@ -8,43 +8,87 @@ never receives raw heartbeats or one message per event, however busy the fleet i
 is checked against what this subscriber may see before it is folded in, so a user never hears
 of another project's job. A client that reconnects resynchronises from REST (``portal/live.js``).
 
-Access is decided at connect and again every 30 s, so a user removed from a project stops
-hearing about it without reconnecting. Close codes: 4401 not signed in, 4404 no such job or
-not yours (also when access is lost).
+**Re-authorisation.** Nothing decided at connect is trusted for long: every ``recheck_s``
+(3 s) the consumer reads the session again by its key from the session store and the user
+again from the database (``_session_user``), then decides access again with that fresh user.
+So within a few seconds
+
+- a logout (the session flushed from the store), an expired session, a password change (the
+  session's auth hash no longer matches) or a deactivation closes the socket with **4401**;
+- a user who lost access to the one job a socket is about (removed from its project, lost
+  operator status, or the job is gone) is closed with **4404**, as if it had never existed;
+- a user who lost some projects only (``/ws/jobs/``) leaves those projects' groups and drops
+  their events; the socket stays open for the rest.
+
+A recheck that fails (database down) closes with 1011: access is never assumed, and the page
+reconnects and authenticates afresh. The first recheck of each socket is spread at random over
+one interval, so a thousand pages reconnecting after a deploy do not check in lockstep.
+
+Cost: per open socket and interval, one session read (a primary-key row of ``django_session``,
+or one Redis GET with cache sessions), one user by primary key, and one access query (the
+user's memberships, or the job joined to them) — three indexed lookups. A thousand open sockets
+make about a thousand such queries a second (some 0.1–0.3 ms each on PostgreSQL), run on
+Channels' one database thread; ``recheck_s`` trades that load against how long a revoked user
+keeps listening. With signed-cookie sessions there is no server-side session to find gone, so a
+logout is not seen; everything else is.
+
+Close codes: 4401 not signed in, signed out, password changed or deactivated; 4404 no such job
+or not yours (also when access is lost); 1011 the recheck itself failed. ``portal/live.js``
+does not reconnect after 4401 or 4404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY,
+    HASH_SESSION_KEY,
+    SESSION_KEY,
+    get_user_model,
+    load_backend,
+)
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils.crypto import constant_time_compare
 
 from clusters.selectors import cluster_by_name
 from portal.access import access_job, visible_projects
 
+log = logging.getLogger(__name__)
+
 FLUSH_S = 1.0
-RECHECK_S = 30.0
+RECHECK_S = 3.0
+
+SIGNED_OUT = 4401  # no session, signed out, password changed, deactivated
+NOT_FOUND = 4404  # no such job, or not (any more) this user's to see
+RECHECK_FAILED = 1011
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     flush_s = FLUSH_S
-    recheck_s = RECHECK_S  # access is decided again this often: a user removed from a project
-    # stops hearing about it within this time, without reconnecting
+    recheck_s = RECHECK_S  # session, user and access are read again this often: a revoked user
+    # stops hearing within this time, without reconnecting (tests may lower it on the class)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=SIGNED_OUT)
             return
         self.user = user
+        self.session_key = self.scope["session"].session_key
         self.jobs: dict[int, str] = {}
         self.nodes: dict[int, str] = {}
         self.new_jobs = 0
         groups = await self.authorise()
         if groups is None:
-            await self.close(code=4404)
+            await self.close(code=NOT_FOUND)
             return
         self.live_groups = groups
         for group in groups:
@@ -52,10 +96,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         await self.send_json({"type": "hello", "groups": len(groups)})
         self.flusher = asyncio.ensure_future(self._flush_forever())
+        self.rechecker = asyncio.ensure_future(self._recheck_forever())
 
     async def disconnect(self, code: int) -> None:
-        if hasattr(self, "flusher"):
-            self.flusher.cancel()
+        for task in (getattr(self, "flusher", None), getattr(self, "rechecker", None)):
+            if task is not None:
+                task.cancel()
         for group in getattr(self, "live_groups", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -86,28 +132,43 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             for node_id in data["node_ids"]:
                 self.nodes[node_id] = data["to_state"]
 
-    async def _recheck(self) -> bool:
-        """Decide access again; leave groups no longer allowed. False closes the socket."""
+    async def _recheck(self) -> int | None:
+        """Read the session and the user afresh and decide access again; join and leave groups
+        to match. Returns the close code when the socket must close, None when it may stay."""
+        user = await database_sync_to_async(_session_user)(self.session_key)
+        if user is None or user.pk != self.user.pk:
+            return SIGNED_OUT
+        self.user = user  # authorise() decides with what the database says now
         groups = await self.authorise()
         if groups is None:
-            await self.close(code=4404)
-            return False
+            return NOT_FOUND
         for group in set(self.live_groups) - set(groups):
             await self.channel_layer.group_discard(group, self.channel_name)
         for group in set(groups) - set(self.live_groups):
             await self.channel_layer.group_add(group, self.channel_name)
         self.live_groups = groups
-        return True
+        return None
+
+    async def _recheck_forever(self) -> None:
+        # The first wait is random within one interval, so sockets opened together (every page
+        # reconnecting after a deploy) spread their checks instead of querying in lockstep.
+        await asyncio.sleep(random.uniform(0, self.recheck_s))
+        while True:
+            try:
+                code = await self._recheck()
+            except Exception:  # fail closed: a socket is never kept open on an access decision not made
+                log.exception("live socket recheck failed; closing")
+                code = RECHECK_FAILED
+            if code is not None:
+                # Stop the flusher first: nothing pending is sent once access is gone.
+                self.flusher.cancel()
+                await self.close(code=code)
+                return
+            await asyncio.sleep(self.recheck_s)
 
     async def _flush_forever(self) -> None:
-        since_check = 0.0
         while True:
             await asyncio.sleep(self.flush_s)
-            since_check += self.flush_s
-            if since_check >= self.recheck_s:
-                since_check = 0.0
-                if not await self._recheck():
-                    return
             if self.jobs or self.nodes or self.new_jobs:
                 delta = {"type": "delta", "jobs": self.jobs, "nodes": self.nodes, "newJobs": self.new_jobs}
                 self.jobs, self.nodes, self.new_jobs = {}, {}, 0
@@ -178,3 +239,33 @@ def _job_project(user: Any, job_id: int) -> int | None:
         return access_job(user, job_id).project_id
     except Http404:
         return None
+
+
+def _session_user(session_key: str | None) -> AbstractBaseUser | None:
+    """The active user whom the session ``session_key`` still signs in, read afresh from the
+    session store and the database; None when the session is gone (logged out, expired), its
+    auth hash no longer matches the user's (password changed), or the user is inactive or gone.
+
+    The same checks as ``django.contrib.auth.get_user``, but read-only: a socket never flushes
+    or cycles a session (a hash matching a ``SECRET_KEY_FALLBACKS`` key still counts, and the
+    next HTTP request rotates it). Two queries: the session row and the user row."""
+    if not session_key:
+        return None
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    try:
+        user_id = get_user_model()._meta.pk.to_python(session[SESSION_KEY])
+        backend_path = session[BACKEND_SESSION_KEY]
+    except KeyError:
+        return None
+    if backend_path not in settings.AUTHENTICATION_BACKENDS:
+        return None
+    user = load_backend(backend_path).get_user(user_id)
+    if user is None or not getattr(user, "is_active", True):
+        return None
+    stored = session.get(HASH_SESSION_KEY)
+    if not stored:
+        return None
+    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+    if not any(constant_time_compare(stored, h) for h in hashes):
+        return None
+    return user

@@ -1,4 +1,11 @@
-"""A small HTTP client for the Orrery API (urllib, JSON in and out)."""
+"""A small HTTP client for the Orrery API (urllib, JSON in and out).
+
+The token goes only to the server it was given for. urllib on its own follows a redirect to any
+host and sends the ``Authorization`` header along; this client follows a redirect only within
+the server's own origin (same scheme, host and port) and refuses any other with an error that
+names both places, sending nothing there. A server that moved (``http://`` to ``https://``, a
+new host name) is reached by saying so: ``--server`` or ``orrery login`` with the new URL.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +26,47 @@ class ApiError(Exception):
         super().__init__("\n".join(lines))
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL, the port filled in for http and https, host lowercased."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: no origin matches it
+        port = -1
+    return scheme, (parts.hostname or ""), port or {"http": 80, "https": 443}.get(scheme, 0)
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows redirects within ``server``'s origin only; any other raises ``ApiError`` before a
+    request (with the token or without) leaves for the new place."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if origin(newurl) != origin(self.server):
+            fp.close()
+            raise ApiError(
+                0,
+                f"{self.server} redirected to {newurl}, another server: not followed, so your token "
+                "is not sent there; if you trust it, use --server (or orrery login) with that URL",
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class Client:
     def __init__(self, server: str, token: str, timeout: float = 30.0) -> None:
         self.server, self.token, self.timeout = server.rstrip("/"), token, timeout
+        self.opener = urllib.request.build_opener(SameOriginRedirects(self.server))
 
     def get(self, path: str, **params: Any) -> Any:
         query = {k: v for k, v in params.items() if v not in (None, "", False)}
@@ -63,7 +108,7 @@ class Client:
         for key, value in (headers or {}).items():
             request.add_header(key, value)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with self.opener.open(request, timeout=self.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()

@@ -74,7 +74,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         jobs = [api.post("jobs", body, content_type="application/yaml", headers=headers)]
     for job in jobs:
         reason = f": {job['reason']}" if job.get("reason") else ""
-        print(f"Submitted job {job['id']} ({job['name']}) — {job['state']}{reason}")
+        print(render.inert(f"Submitted job {job['id']} ({job['name']}) — {job['state']}{reason}"))
     if not args.wait:
         return 0
     return _wait([j["id"] for j in jobs], api)
@@ -138,7 +138,7 @@ def cmd_action(args: argparse.Namespace) -> int:
             job = api.post(f"jobs/{job_id}/{args.verb}")
             print(f"job {job_id}: {job['state']}")
         except ApiError as exc:
-            print(f"job {job_id}: {exc}", file=sys.stderr)
+            print(render.inert(f"job {job_id}: {exc}"), file=sys.stderr)
             failures += 1
     return 1 if failures else 0
 
@@ -148,7 +148,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     while True:
         lines = api.get(f"jobs/{args.job_id}/logs", tail=args.tail)["lines"]
         for line in lines[seen:] if args.follow else lines:
-            print(line)
+            print(line if args.raw else render.inert(line))
         seen = len(lines)
         if not args.follow or api.get(f"jobs/{args.job_id}")["state"] in FINAL_STATES:
             return 0
@@ -174,6 +174,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             ]
             for e in events
         ],
+        raw=args.raw,
     )
     return 0
 
@@ -327,13 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job_ids", type=int, nargs="+", metavar="JOB_ID")
         p.set_defaults(verb=verb)
 
-    p = add("logs", cmd_logs, "Print a job's output.")
+    raw = "print terminal control sequences as the job wrote them (colours, but also anything else)"
+    p = add("logs", cmd_logs, "Print a job's output (terminal control sequences removed).")
     p.add_argument("job_id", type=int)
     p.add_argument("-f", "--follow", action="store_true")
     p.add_argument("--tail", type=int, default=100)
+    p.add_argument("--raw", action="store_true", help=raw)
 
-    p = add("events", cmd_events, "Print a job's history.")
+    p = add("events", cmd_events, "Print a job's history (terminal control sequences removed).")
     p.add_argument("job_id", type=int)
+    p.add_argument("--raw", action="store_true", help=raw.replace("the job wrote", "recorded"))
     output(p)
 
     output(add("clusters", cmd_clusters, "List clusters with free GPUs by model."))
@@ -355,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ApiError, config.ConfigError, OSError) as exc:
-        print(str(exc) if isinstance(exc, ApiError) else f"error: {exc}", file=sys.stderr)
+        print(render.inert(str(exc) if isinstance(exc, ApiError) else f"error: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -12,9 +13,33 @@ import yaml
 
 TERMINAL_CODES = {"CD", "F", "TO", "CA", "PR"}
 
+# Terminal control sequences, 7-bit (ESC …) and 8-bit (C1) forms: strings (OSC, DCS, SOS, PM, APC)
+# up to their terminator (BEL or ST) or the end of the line, CSI with its parameters, and any
+# other escape. What a job prints or an event says reaches the user's terminal through these
+# commands, and a terminal acts on them: retitles the window, clears the screen, writes files in
+# some emulators, answers queries into the input. They are removed whole, so no stray parameters
+# remain as text.
+_SEQUENCE = re.compile(
+    r"(?:\x1b[PX\]^_]|[\x90\x98\x9d\x9e\x9f])[^\n]*?(?:\x07|\x1b\\|\x9c|(?=\n)|\Z)"  # strings
+    r"|(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?"  # CSI
+    r"|\x1b[\x20-\x2f]*[\x30-\x7e]?",  # any other escape (or a lone ESC)
+)
+# Then every control character left but tab and newline (C0, DEL, C1: CR included, which would
+# let a line overwrite what came before it). No ESC or C1 survives, so nothing can recombine.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO = sys.stdout) -> None:
-    rows = [["" if v is None else str(v) for v in row] for row in rows]
+
+def inert(text: str) -> str:
+    """``text`` with every terminal control sequence and control character removed, tab and
+    newline kept: safe to print to a terminal whatever the server (or a job) put in it."""
+    return _CONTROL.sub("", _SEQUENCE.sub("", text))
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO = sys.stdout, *, raw: bool = False
+) -> None:
+    """Aligned columns. Cells are made ``inert`` unless ``raw`` (then printed as they are)."""
+    rows = [["" if v is None else str(v) if raw else inert(str(v)) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     out.write(line.format(*headers).rstrip() + "\n")
@@ -123,4 +148,4 @@ def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         if value not in (None, ""):
-            out.write(f"{key:>{width}}: {value}\n")
+            out.write(f"{key:>{width}}: {inert(str(value))}\n")

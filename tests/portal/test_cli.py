@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
+from django.contrib.auth import get_user_model
 
+from clusters.adapters.base import LogChunk
 from portal.services.tokens import issue_token
-from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
+from scheduling.models import Queue
+from tests.factories import make_cluster, make_job, make_node, make_project, make_queue, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,3 +144,171 @@ def test_tokens_lists_scopes_expiry_and_last_use(cli):
     assert "read,submit" in row and "never" not in row  # the login used it
     as_json = json.loads(cli("tokens", "-o", "json").stdout)
     assert as_json[0]["scopes"] == ["read", "submit"] and as_json[0]["expiresAt"]
+
+
+# --- the token stays with its server --------------------------------------------------------------
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers a GET as the test's routes say and records what each request carried."""
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.headers["Host"], self.path, self.headers["Authorization"]))
+        location = self.server.redirects.get(self.path)
+        if location:
+            self.send_response(self.server.code)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = json.dumps({"id": 1, "name": "x"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_servers():
+    """Two real HTTP servers on two ports of this machine, sharing one record of requests."""
+    seen: list[tuple[str, str, str | None]] = []
+    servers = []
+    for _ in range(2):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+        server.seen, server.redirects, server.code = seen, {}, 302
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    yield servers
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _orrery(server: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
+    env |= {"ORRERY_CONFIG": str(tmp_path / "none.yaml"), "ORRERY_SERVER": server, "ORRERY_TOKEN": "s3cret"}
+    return subprocess.run(
+        [sys.executable, "-m", "portal.cli.commands", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.0.0.1:{other}/api/v1/jobs/1",
+        "http://localhost:{port}/moved",
+        "https://127.0.0.1:{port}/moved",
+    ],
+    ids=["other-port", "other-host", "other-scheme"],
+)
+def test_a_redirect_to_another_server_is_refused_and_gets_no_token(http_servers, tmp_path, code, target):
+    server, other = http_servers
+    port, other_port = server.server_address[1], other.server_address[1]
+    server.code = code
+    server.redirects["/api/v1/jobs/1"] = target.format(port=port, other=other_port)
+    result = _orrery(f"http://127.0.0.1:{port}", "show", "1", "-o", "json", tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert "redirected to" in result.stderr and "not followed" in result.stderr, result.stderr
+    # Only the first request was made: nothing at all (token or not) went to the other place.
+    assert server.seen == [(f"127.0.0.1:{port}", "/api/v1/jobs/1", "Bearer s3cret")]
+
+
+def test_a_redirect_within_the_server_is_followed_with_the_token(http_servers, tmp_path):
+    server, _ = http_servers
+    port = server.server_address[1]
+    server.redirects["/api/v1/jobs/1"] = "/moved"
+    result = _orrery(f"http://127.0.0.1:{port}", "show", "1", "-o", "json", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert server.seen[1] == (f"127.0.0.1:{port}", "/moved", "Bearer s3cret")
+
+
+# --- what a job wrote never drives the terminal -------------------------------------------------
+
+ATTACK = "\x1b]0;pwned\x07\x1b[2J\x1bP+q\x1b\\\x9b31m\x9d8;;http://evil\x9cok\x1b[0m\x07\tdone\x01\x7f"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("\x1b]0;pwned\x07title", "title"),
+        ("\x1b]0;pwned\x1b\\title", "title"),
+        ("\x1b[2Jcleared", "cleared"),
+        ("\x1b[?1049hswitched", "switched"),
+        ("\x9b2Jcleared", "cleared"),
+        ("\x9d0;pwned\x9ctitle", "title"),
+        ("\x1bP+q544e\x1b\\asked", "asked"),
+        ("\x1b_apc\x1b\\x", "x"),
+        ("\x1b(Bcharset", "charset"),
+        ("\x1b\x1b[2Jdouble", "double"),
+        ("\x1b]0;never ended\nnext line", "\nnext line"),
+        ("over\rwrite", "overwrite"),
+        ("bell\x07 bs\x08 del\x7f nel\x85", "bell bs del nel"),
+        ("tab\tand\nnewline", "tab\tand\nnewline"),
+        ("épοch ✓ 100%", "épοch ✓ 100%"),
+    ],
+    ids=[
+        "osc-bel",
+        "osc-st",
+        "csi",
+        "csi-private",
+        "c1-csi",
+        "c1-osc",
+        "dcs",
+        "apc",
+        "charset",
+        "esc-esc",
+        "unterminated",
+        "cr",
+        "c0-c1",
+        "kept",
+        "unicode",
+    ],
+)
+def test_inert_removes_every_control_sequence(text, shown):
+    from portal.cli.render import inert
+
+    assert inert(text) == shown
+
+
+def _escape_laden_job():
+    from clusters.models import Cluster
+    from scheduling.choices import EventKind
+    from scheduling.models import JobAttempt, JobEvent
+    from scheduling.services.logs import store_log
+
+    alice = get_user_model().objects.get(username="alice")
+    job = make_job(alice, Queue.objects.get(project__name="vision"))
+    attempt = JobAttempt.objects.create(job=job, number=1, cluster=Cluster.objects.get(name="sim-a"))
+    store_log(LogChunk(str(attempt.pk), "a-n001", 0, f"epoch 1 {ATTACK}\nepoch 2\n"))
+    JobEvent.objects.create(job=job, kind=EventKind.NOTE, reason="note", message=f"hello {ATTACK}")
+    return job
+
+
+def _controls(text: str) -> set[str]:
+    return {c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F}
+
+
+def test_logs_and_events_print_no_terminal_control_sequences(cli):
+    job = _escape_laden_job()
+    logs = cli("logs", str(job.pk))
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == "epoch 1 ok\tdone\nepoch 2\n"
+    events = cli("events", str(job.pk))
+    assert events.returncode == 0, events.stderr
+    assert "hello ok\tdone" in events.stdout
+    assert _controls(logs.stdout + events.stdout) == set()
+
+
+def test_raw_prints_them_as_written(cli):
+    job = _escape_laden_job()
+    assert f"epoch 1 {ATTACK}" in cli("logs", str(job.pk), "--raw").stdout
+    assert "\x1b]0;pwned\x07" in cli("events", str(job.pk), "--raw").stdout

@@ -112,14 +112,140 @@ async def test_a_transition_reaches_the_job_page(world):
     await asyncio.sleep(0)
 
 
-async def test_a_user_removed_from_the_project_is_cut_off(world, monkeypatch):
-    from portal import consumers
+# Re-authorisation: none of these tests lowers ``recheck_s``; each holds the shipped consumers to
+# "within a few seconds" (the code they replace decided once every 30 s, from the user object
+# loaded at connect, and never looked at the session again).
+CUT_OFF_S = 5.0
+
+
+def _signed_in(user) -> tuple[Client, list[tuple[bytes, bytes]]]:
+    """A signed-in browser session for ``user``: its client (to log out) and websocket headers."""
+    client = Client()
+    client.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return client, [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"cookie", cookie.encode())]
+
+
+async def _open(path: str, headers: list[tuple[bytes, bytes]]) -> WebsocketCommunicator:
+    socket = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await socket.connect()
+    assert connected and (await socket.receive_json_from())["type"] == "hello"
+    return socket
+
+
+async def _closed_with(socket: WebsocketCommunicator) -> int:
+    """The close code the socket gets within ``CUT_OFF_S`` (deltas before it are passed over)."""
+    deadline = time.monotonic() + CUT_OFF_S
+    while True:
+        message = await socket.receive_output(timeout=max(deadline - time.monotonic(), 0.01))
+        if message["type"] == "websocket.close":
+            return message["code"]
+
+
+async def _heard(socket: WebsocketCommunicator, *jobs) -> set[int]:
+    """Send one event about each job to its project's group; the ids of those the next delta
+    carries. The delta must come (a socket that hears nothing at all fails the test)."""
+    layer = get_channel_layer()
+    for job in jobs:
+        await layer.group_send(f"project.{job.project_id}", _event(job.pk, job.project_id, "RUNNING"))
+    delta = await socket.receive_json_from(timeout=3)
+    return {int(job_id) for job_id in delta["jobs"]}
+
+
+async def test_logout_closes_the_sessions_sockets_within_seconds(world):
+    client, headers = await sync_to_async(_signed_in)(world["alice"])
+    _, other_headers = await sync_to_async(_signed_in)(world["alice"])
+    fleet, jobs = await _open("/ws/fleet/", headers), await _open("/ws/jobs/", headers)
+    elsewhere = await _open("/ws/jobs/", other_headers)  # alice, signed in on another browser
+    await sync_to_async(client.logout)()  # flushes the session from the store
+    assert await _closed_with(fleet) == 4401
+    assert await _closed_with(jobs) == 4401
+    assert await _heard(elsewhere, world["jobs"][0]) == {world["jobs"][0].pk}  # the other session stays
+    await elsewhere.disconnect()
+
+
+async def test_a_password_change_closes_the_other_sessions_sockets(world):
+    _, headers = await sync_to_async(_signed_in)(world["alice"])
+    socket = await _open("/ws/jobs/", headers)
+
+    def change_password() -> None:
+        world["alice"].set_password("a new one")
+        world["alice"].save()
+
+    await sync_to_async(change_password)()
+    assert await _closed_with(socket) == 4401  # the session's auth hash no longer matches
+
+
+async def test_a_deactivated_user_is_closed_within_seconds(world):
+    from django.contrib.auth import get_user_model
+
+    _, headers = await sync_to_async(_signed_in)(world["alice"])
+    job = world["jobs"][0]
+    page, listing = await _open(f"/ws/jobs/{job.pk}/", headers), await _open("/ws/jobs/", headers)
+    # A bulk update, as an operator's script would do it: no signal, no save(), no logout.
+    await sync_to_async(
+        lambda: get_user_model().objects.filter(pk=world["alice"].pk).update(is_active=False)
+    )()
+    assert await _closed_with(page) == 4401
+    assert await _closed_with(listing) == 4401
+
+
+async def test_an_operator_who_loses_staff_stops_hearing_other_projects(world):
+    from django.contrib.auth import get_user_model
+
+    ops = await sync_to_async(make_user)("ops", staff=True)
+    await sync_to_async(lambda: world["vision"].memberships.create(user=ops))()
+    _, headers = await sync_to_async(_signed_in)(ops)
+    nlp_job, vision_job = world["other"], world["jobs"][0]
+    listing = await _open("/ws/jobs/", headers)
+    page = await _open(f"/ws/jobs/{nlp_job.pk}/", headers)
+    assert await _heard(listing, nlp_job, vision_job) == {nlp_job.pk, vision_job.pk}  # an operator: all
+    assert (await page.receive_json_from(timeout=3))["jobs"] == {str(nlp_job.pk): "RUNNING"}
+    await sync_to_async(lambda: get_user_model().objects.filter(pk=ops.pk).update(is_staff=False))()
+    assert await _closed_with(page) == 4404  # no longer theirs to see
+    await asyncio.sleep(CUT_OFF_S - 2)
+    assert await _heard(listing, nlp_job, vision_job) == {vision_job.pk}  # still a member of vision
+    await listing.disconnect()
+
+
+async def test_a_user_removed_from_a_project_is_cut_off_from_it(world):
     from portal.models import Membership
 
-    monkeypatch.setattr(consumers.LiveConsumer, "recheck_s", 1.0)
-    job = world["jobs"][0]
-    socket, connected, _ = await _connect(f"/ws/jobs/{job.pk}/", world["alice"])
-    assert connected and (await socket.receive_json_from())["type"] == "hello"
-    await sync_to_async(lambda: Membership.objects.filter(user=world["alice"]).delete())()
-    closed = await socket.receive_output(timeout=4)
-    assert closed == {"type": "websocket.close", "code": 4404}
+    await sync_to_async(lambda: world["nlp"].memberships.create(user=world["alice"]))()
+    _, headers = await sync_to_async(_signed_in)(world["alice"])
+    job, nlp_job = world["jobs"][0], world["other"]
+    page = await _open(f"/ws/jobs/{job.pk}/", headers)
+    listing = await _open("/ws/jobs/", headers)
+    assert await _heard(listing, nlp_job, job) == {nlp_job.pk, job.pk}
+    membership = Membership.objects.filter(user=world["alice"], project=world["vision"])
+    await sync_to_async(membership.delete)()
+    assert await _closed_with(page) == 4404
+    await asyncio.sleep(CUT_OFF_S - 2)
+    assert await _heard(listing, nlp_job, job) == {nlp_job.pk}  # still a member of nlp
+    await listing.disconnect()
+
+
+async def test_a_failed_recheck_closes_rather_than_trusts(world, monkeypatch):
+    """The database cannot be made to fail on cue here, so the session read is replaced by one
+    that raises: the socket must close (1011), never carry on with the last decision."""
+    from portal import consumers
+
+    def broken(session_key):
+        raise RuntimeError("database unavailable")
+
+    monkeypatch.setattr(consumers, "_session_user", broken)
+    _, headers = await sync_to_async(_signed_in)(world["alice"])
+    socket = await _open("/ws/jobs/", headers)
+    assert await _closed_with(socket) == 1011
+
+
+def test_a_recheck_reads_the_session_and_the_user_in_two_queries(world, django_assert_num_queries):
+    """The per-socket cost the consumers' docstring promises (the access query comes on top)."""
+    from portal.consumers import _session_user
+
+    client, _ = _signed_in(world["alice"])
+    key = client.session.session_key
+    with django_assert_num_queries(2):
+        assert _session_user(key) == world["alice"]
+    client.logout()
+    assert _session_user(key) is None
