@@ -7,6 +7,9 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from foundation import audit
+from portal.lockout import client_address
+
 
 class RejectNulBytes:
     """PostgreSQL text cannot hold NUL, so a NUL in the path or a query value could only end in
@@ -72,3 +75,17 @@ class ContentSecurityPolicy:
         if report_only:
             response.headers.setdefault("Content-Security-Policy-Report-Only", render_csp(report_only))
         return response
+
+
+class AuditSource:
+    """Audit entries written while answering a request name the client's address, by the same
+    rule as the sign-in lockout (``portal.lockout.client_address``): the peer's, or, only when
+    the operator says a proxy is in front (``ORRERY_BEHIND_PROXY``), the right-most
+    ``X-Forwarded-For`` address, the one that proxy appended."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with audit.source((client_address(request) or "unknown")[:64]):
+            return self.get_response(request)
