@@ -158,6 +158,7 @@ class ClusterAdmin(admin.ModelAdmin):
                     slurm_conf=data["slurm_conf"],
                     identity=data["identity"] or None,
                     output_dir=data["output_dir"],
+                    actor=request.user,
                 )
             except SlurmError as exc:
                 form.add_error(
@@ -186,7 +187,7 @@ class ClusterAdmin(admin.ModelAdmin):
     @admin.action(description="Create a join token (for orrery-agent)", permissions=["onboard"])
     def new_join_token(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
-            token, plaintext = create_join_token(cluster, name=f"by {request.user}")
+            token, plaintext = create_join_token(cluster, name=f"by {request.user}", actor=request.user)
             self.message_user(
                 request,
                 f"Join token for {cluster}: {plaintext} — shown once; admits one machine until "
@@ -197,7 +198,7 @@ class ClusterAdmin(admin.ModelAdmin):
     @admin.action(description="Create a collector credential", permissions=["onboard"])
     def new_collector_credential(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
-            _, plaintext = issue_cluster_credential(cluster, name=f"by {request.user}")
+            _, plaintext = issue_cluster_credential(cluster, name=f"by {request.user}", actor=request.user)
             self.message_user(
                 request, f"Collector credential for {cluster}: {plaintext} — shown once.", messages.WARNING
             )

@@ -147,6 +147,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             name=obj.name,
             scopes=form.cleaned_data["scopes"],
             expires_in_days=form.cleaned_data["expires_in_days"],
+            actor=request.user,
         )
         obj.pk = token.pk
         self.message_user(

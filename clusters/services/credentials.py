@@ -30,6 +30,8 @@ from clusters.models import (
     NodeLastSeen,
 )
 from clusters.services.nodes import set_node_state
+from foundation import audit
+from foundation.choices import AuditAction
 from foundation.secrets import digest, new_secret
 
 JOIN_PREFIX, NODE_PREFIX, CLUSTER_PREFIX = "orj_", "orn_", "orc_"
@@ -86,16 +88,19 @@ class _TtlCache:
 _identities = _TtlCache()
 
 
+@transaction.atomic
 def create_join_token(
     cluster: Cluster,
     *,
     name: str = "default",
     expires_at: datetime | None = None,
     max_uses: int | None = 1,
+    actor: Any = None,
 ) -> tuple[JoinToken, str]:
     """A join token for ``cluster``: it expires at ``expires_at`` (default: in
     ``ORRERY_JOIN_TOKEN_TTL_S``, an hour) and admits ``max_uses`` machines (None: any number
-    until it expires). The plaintext is returned once."""
+    until it expires). The plaintext is returned once, and never recorded: the audit log keeps
+    its prefix and who asked (``actor``)."""
     secret = new_secret(JOIN_PREFIX)
     token = JoinToken.objects.create(
         cluster=cluster,
@@ -105,23 +110,57 @@ def create_join_token(
         expires_at=expires_at or timezone.now() + timedelta(seconds=settings.ORRERY_JOIN_TOKEN_TTL_S),
         max_uses=max_uses,
     )
+    details = {
+        "cluster": cluster.name,
+        "name": name,
+        "expires_at": token.expires_at.isoformat(),
+        "max_uses": max_uses,
+    }
+    audit.record(
+        AuditAction.JOIN_TOKEN_CREATE, actor=actor, target=f"join_token:{token.prefix}", details=details
+    )
     return token, secret.plaintext
 
 
-def issue_cluster_credential(cluster: Cluster, *, name: str = "collector") -> tuple[ClusterCredential, str]:
+@transaction.atomic
+def issue_cluster_credential(
+    cluster: Cluster, *, name: str = "collector", actor: Any = None
+) -> tuple[ClusterCredential, str]:
+    """A collector credential for ``cluster``; the plaintext is returned once, never recorded."""
     secret = new_secret(CLUSTER_PREFIX)
     credential = ClusterCredential.objects.create(
         cluster=cluster, name=name, prefix=secret.prefix, digest=secret.digest
     )
+    audit.record(
+        AuditAction.CLUSTER_CREDENTIAL_CREATE,
+        actor=actor,
+        target=f"cluster_credential:{credential.prefix}",
+        details={"cluster": cluster.name, "name": name},
+    )
     return credential, secret.plaintext
 
 
+@transaction.atomic
 def revoke(credential: JoinToken | NodeCredential | ClusterCredential, *, actor: Any = None) -> None:
-    """Revoke at once in this process, within ``CACHE_TTL_S`` in the others. Idempotent."""
-    type(credential).objects.filter(pk=credential.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
+    """Revoke at once in this process, within ``CACHE_TTL_S`` in the others. Idempotent. An
+    operator's revocation (``actor`` given) is audited; an agent's rotation of its own node
+    credential is not."""
+    revoked = (
+        type(credential)
+        .objects.filter(pk=credential.pk, revoked_at__isnull=True)
+        .update(revoked_at=timezone.now())
     )
     _identities.drop(credential.digest)
+    if revoked and actor is not None:
+        target = f"{_AUDIT_KIND[type(credential)]}:{credential.prefix}"
+        audit.record(AuditAction.CREDENTIAL_REVOKE, actor=actor, target=target)
+
+
+_AUDIT_KIND = {
+    JoinToken: "join_token",
+    NodeCredential: "node_credential",
+    ClusterCredential: "cluster_credential",
+}
 
 
 @dataclass(frozen=True)

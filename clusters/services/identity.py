@@ -20,10 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import transaction
 
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.choices import Identity
 from clusters.models import POSIX_NAME, Cluster, PosixAccount
+from foundation import audit
+from foundation.choices import AuditAction
 
 _POSIX_NAME = re.compile(POSIX_NAME)
 
@@ -117,21 +120,36 @@ def run_as_names(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str 
     }
 
 
-def map_account(cluster: Cluster, user: Any, username: str) -> tuple[PosixAccount, bool]:
+@transaction.atomic
+def map_account(
+    cluster: Cluster, user: Any, username: str, *, actor: Any = None
+) -> tuple[PosixAccount, bool]:
     """Map ``user`` to the POSIX account ``username`` on ``cluster`` (replacing a previous
     mapping); returns the mapping and whether it is new. Raises ``ValueError`` for a name that
-    is not a POSIX user name, or root."""
+    is not a POSIX user name, or root. ``actor`` (who asked) goes to the audit log."""
     if not _POSIX_NAME.fullmatch(username):
         raise ValueError(
             "not a POSIX user name: lowercase letters, digits, '_' and '-', starting with a letter or '_'"
         )
     if username == "root":
         raise ValueError("work never runs as root")
-    return PosixAccount.objects.update_or_create(cluster=cluster, user=user, defaults={"username": username})
+    account, created = PosixAccount.objects.update_or_create(
+        cluster=cluster, user=user, defaults={"username": username}
+    )
+    details = {"account": username, "created": created}
+    audit.record(AuditAction.ACCOUNT_MAP, actor=actor, target=_account_target(cluster, user), details=details)
+    return account, created
 
 
-def unmap_account(cluster: Cluster, user: Any) -> bool:
+@transaction.atomic
+def unmap_account(cluster: Cluster, user: Any, *, actor: Any = None) -> bool:
     """Remove ``user``'s account mapping on ``cluster``; True if there was one. Attempts not yet
     started there then fail with a clear reason instead of running under a stale account."""
     deleted, _ = PosixAccount.objects.filter(cluster=cluster, user=user).delete()
+    if deleted:
+        audit.record(AuditAction.ACCOUNT_UNMAP, actor=actor, target=_account_target(cluster, user))
     return bool(deleted)
+
+
+def _account_target(cluster: Cluster, user: Any) -> str:
+    return f"account:{cluster.name}/{user.get_username()}"

@@ -1,7 +1,7 @@
 """Operator actions on nodes: drain, cordon, resume.
 
 Every change is a compare-and-set ``UPDATE … WHERE state IN (allowed)`` plus a NodeEvent in the
-same transaction, and a live event after commit.
+same transaction (and, for an operator's action, an audit entry), and a live event after commit.
 
 A drained node is one that is draining *and* holds no work. What holds work is the scheduling
 app's business, which this app must not import: it asks the ``node_workload`` port
@@ -22,6 +22,8 @@ from clusters import ports
 from clusters.choices import NodeState
 from clusters.events import NodeStateChanged
 from clusters.models import Node, NodeEvent, NodeLastSeen
+from foundation import audit
+from foundation.choices import AuditAction
 from foundation.live import publish_on_commit
 
 
@@ -63,7 +65,8 @@ def drain_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "") 
         return node
     to = NodeState.DRAINING if node.pk in busy_node_ids([node.pk]) else NodeState.DRAINED
     allowed = set(NodeState.values) - {NodeState.DRAINING, NodeState.DRAINED}
-    set_node_state(node, to, allowed, actor=actor, reason=reason or "drained by an operator")
+    if set_node_state(node, to, allowed, actor=actor, reason=reason or "drained by an operator"):
+        _audit(AuditAction.NODE_DRAIN, node, actor)
     return node
 
 
@@ -72,10 +75,13 @@ def cordon_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
     """Stop new placements on the node without waiting for anything; running work goes on."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     allowed = {NodeState.READY, NodeState.NOT_READY, NodeState.DOWN}
-    if node.state != NodeState.CORDONED and not set_node_state(
+    if node.state == NodeState.CORDONED:
+        return node
+    if not set_node_state(
         node, NodeState.CORDONED, allowed, actor=actor, reason=reason or "cordoned by an operator"
     ):
         raise NodeActionRefused(f"{node} is {node.state}; only a ready, not-ready or down node is cordoned.")
+    _audit(AuditAction.NODE_CORDON, node, actor)
     return node
 
 
@@ -91,8 +97,14 @@ def resume_node(node: Node, *, actor: AbstractBaseUser | None, reason: str = "")
         node=node, seen_at__gte=timezone.now() - timedelta(seconds=settings.NODE_GRACE)
     ).exists()
     to = NodeState.READY if fresh else NodeState.NOT_READY
-    set_node_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator")
+    if set_node_state(node, to, allowed, actor=actor, reason=reason or "resumed by an operator"):
+        _audit(AuditAction.NODE_RESUME, node, actor)
     return node
+
+
+def _audit(action: str, node: Node, actor: AbstractBaseUser | None) -> None:
+    details = {"node_id": node.pk, "state": node.state, "reason": node.state_reason}
+    audit.record(action, actor=actor, target=f"node:{node.cluster.name}/{node.name}", details=details)
 
 
 def settle_draining_nodes(node_ids: Iterable[int] | None = None) -> int:

@@ -4,6 +4,8 @@ connection is tested first, and nothing is created when it fails."""
 from __future__ import annotations
 
 import logging
+from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import transaction
 
@@ -14,6 +16,8 @@ from clusters.adapters.slurm.inventory import collect
 from clusters.adapters.slurm.tags import new_tag
 from clusters.choices import ClusterKind, ClusterState, Identity
 from clusters.models import Cluster, ClusterSecret
+from foundation import audit
+from foundation.choices import AuditAction
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,7 @@ def onboard_slurm(
     slurm_conf: str = "",
     identity: str | None = None,
     output_dir: str = "",
+    actor: Any = None,
 ) -> tuple[Cluster, Inventory]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
     ``SlurmError`` saying what is wrong (``field`` names the setting at fault); nothing is
@@ -37,7 +42,8 @@ def onboard_slurm(
     gets ``accounts`` when none is given. ``output_dir`` is a template for where users' output
     goes (``{home}``, ``{user}``; default ``{home}/.orrery/slurm``). Onboarding an existing
     cluster again (a new token) keeps its identity, its output directory and its job tag unless
-    told otherwise: jobs already submitted stay its own."""
+    told otherwise: jobs already submitted stay its own. ``actor`` is who asked, for the audit
+    log (the token is never recorded)."""
     other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
     if other:
         raise SlurmError(f"a {other[0]} cluster is already named {name!r}", "name")
@@ -73,11 +79,19 @@ def onboard_slurm(
         **({"output_dir": output_dir} if output_dir else {}),
     }
     defaults = {"kind": ClusterKind.SLURM, "config": config} | ({"identity": identity} if identity else {})
-    cluster, _ = Cluster.objects.update_or_create(name=name, defaults=defaults)
+    cluster, created = Cluster.objects.update_or_create(name=name, defaults=defaults)
     ClusterSecret.objects.update_or_create(cluster=cluster, defaults={"data": {"token": token}})
     seen = collect(cluster, client)
     if cluster.state == ClusterState.ONBOARDING:
         Cluster.objects.filter(pk=cluster.pk).update(
             state=ClusterState.READY, state_reason=f"slurmrestd {version}"
         )
+    details = {"kind": ClusterKind.SLURM, "url": _shown(url), "user": user, "created": created}
+    audit.record(AuditAction.CLUSTER_ONBOARD, actor=actor, target=f"cluster:{name}", details=details)
     return cluster, seen
+
+
+def _shown(url: str) -> str:
+    """The URL as the audit log keeps it: no user or password, no query."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()

@@ -367,6 +367,7 @@ class ClusterListView(ListAPIView):
                 slurm_conf=data["slurmConf"],
                 identity=data.get("identity"),
                 output_dir=data["outputDir"],
+                actor=request.user,
             )
         except SlurmError as exc:
             raise InputError([(exc.field or "url", f"connection test failed: {exc}")]) from None
@@ -426,7 +427,7 @@ class ClusterAccountView(APIView):
         if not isinstance(posix, str) or not posix:
             raise InputError([("username", "the POSIX account name is required")])
         try:
-            account, created = map_account(cluster, user, posix)
+            account, created = map_account(cluster, user, posix, actor=request.user)
         except ValueError as exc:
             raise InputError([("username", str(exc))]) from None
         return Response(
@@ -437,7 +438,7 @@ class ClusterAccountView(APIView):
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, name: str, username: str) -> Response:
         cluster, user = self._target(request, name, username)
-        if not unmap_account(cluster, user):
+        if not unmap_account(cluster, user, actor=request.user):
             _missing()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -537,6 +538,7 @@ class TokenListView(APIView):
                 scopes=data.get("scopes"),
                 expires_in_days=data.get("expiresInDays"),
                 issuer=issuer,
+                actor=request.user,
             )
         except TokenRefused as exc:
             raise InputError([(exc.field, str(exc))]) from None

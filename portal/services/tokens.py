@@ -16,8 +16,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 from django.utils import timezone
 
+from foundation import audit
+from foundation.choices import AuditAction
 from foundation.secrets import digest, new_secret
 from portal.choices import Scope
 from portal.models import ApiToken
@@ -76,6 +79,7 @@ def check_expiry(expires_in_days: int | None, issuer: ApiToken | None, *, now: d
     return expires_at
 
 
+@transaction.atomic
 def issue_token(
     user: AbstractBaseUser,
     *,
@@ -83,12 +87,14 @@ def issue_token(
     scopes: Iterable[str] | None = None,
     expires_in_days: int | None = None,
     issuer: ApiToken | None = None,
+    actor: AbstractBaseUser | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns the row and the plaintext, which is not kept.
 
     ``issuer`` is the token the request came with (None for a session, the console or the
     server's command line). Raises ``TokenRefused`` and creates nothing when the module's
-    rules refuse the request."""
+    rules refuse the request. ``actor`` is who asked (the user, an operator, or None from the
+    command line), for the audit log."""
     now = timezone.now()
     granted = check_scopes(scopes, issuer)
     expires_at = check_expiry(expires_in_days, issuer, now=now)
@@ -101,12 +107,17 @@ def issue_token(
         scopes=granted,
         expires_at=expires_at,
     )
+    details = {"user": user.get_username(), "name": name, "scopes": granted}
+    audit.record(AuditAction.TOKEN_CREATE, actor=actor, target=f"token:{token.prefix}", details=details)
     return token, secret.plaintext
 
 
+@transaction.atomic
 def revoke_token(token: ApiToken, *, actor: AbstractBaseUser | None = None) -> None:
-    """Revoke at once. Idempotent: revoking a revoked token keeps its first revocation time."""
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    """Revoke at once. Idempotent: revoking a revoked token keeps its first revocation time
+    (and its one audit entry)."""
+    if ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()):
+        audit.record(AuditAction.TOKEN_REVOKE, actor=actor, target=f"token:{token.prefix}")
 
 
 def authenticate_token(plaintext: str) -> ApiToken | None:

@@ -20,6 +20,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 
 from clusters.models import GpuModel
+from foundation import audit
+from foundation.choices import AuditAction
 from foundation.live import publish_on_commit
 from foundation.sealing import seal
 from scheduling.choices import (
@@ -141,6 +143,9 @@ def submit_jobs(
             )
             for project_id, ids in _ids_by_project(jobs).items():
                 publish_on_commit([f"project.{project_id}"], JobsSubmitted(project_id, ids[:100], len(ids)))
+            audit.record(
+                AuditAction.JOB_SUBMIT, actor=actor, target=_jobs_target(jobs), details=_submitted(jobs)
+            )
             request_cycle()
     except IntegrityError:
         if not idempotency_key:
@@ -243,6 +248,17 @@ def _refuse_past(now: int, adding: int, cap: int | None, who: str, where: str = 
         )
 
 
+def _jobs_target(jobs: list[Job]) -> str:
+    return f"job:{jobs[0].pk}" if len(jobs) == 1 else f"jobs:{jobs[0].pk}-{jobs[-1].pk}"
+
+
+def _submitted(jobs: list[Job]) -> dict[str, Any]:
+    """One audit entry per submission, however many jobs it made: the count, the ids (capped)
+    and the queues."""
+    queues = sorted({str(job.queue) for job in jobs})
+    return audit.capped([job.pk for job in jobs]) | {"queues": queues[:20]}
+
+
 def _ids_by_project(jobs: list[Job]) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for job in jobs:
@@ -271,7 +287,13 @@ ACTION_SOURCES: dict[str, frozenset[str]] = {
 
 def cancel_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
     """Cancel a job in any non-final state; its attempt ends and its GPUs are released."""
-    return transition_job(job.pk, JobState.CANCELLED, actor=actor, message=message or _by(actor, "cancelled"))
+    return transition_job(
+        job.pk,
+        JobState.CANCELLED,
+        actor=actor,
+        message=message or _by(actor, "cancelled"),
+        audit_as=AuditAction.JOB_CANCEL,
+    )
 
 
 def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
@@ -286,6 +308,7 @@ def hold_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> 
         actor=actor,
         reason=PendingReason.HELD_BY_OPERATOR if by_operator else PendingReason.HELD,
         message=message or _by(actor, "held"),
+        audit_as=AuditAction.JOB_HOLD,
         only_from=ACTION_SOURCES["hold"],
     )
 
@@ -312,6 +335,7 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
             actor=actor,
             reason=PendingReason.NONE,
             message=message or _by(actor, "released"),
+            audit_as=AuditAction.JOB_RELEASE,
             only_from=ACTION_SOURCES["release"],
         )
 
@@ -325,6 +349,7 @@ def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
         actor=actor,
         reason=PendingReason.REQUEUED,
         message=message or _by(actor, "requeued"),
+        audit_as=AuditAction.JOB_REQUEUE,
         only_from=ACTION_SOURCES["requeue"],
     )
 

@@ -33,6 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from clusters.services.nodes import settle_draining_nodes
+from foundation import audit
 from foundation.live import publish_on_commit
 from scheduling.choices import (
     ACTIVE_STATES,
@@ -95,13 +96,15 @@ def transition_job(
     message: str = "",
     only_from: Iterable[str] | None = None,
     exit_code: int | None = None,
+    audit_as: str | None = None,
 ) -> Job:
     """Move job ``job_id`` to state ``to`` and return the updated job.
 
     ``only_from`` narrows the allowed sources further (an action such as *hold* applies to
     jobs not yet running only, even though the table has other edges into HELD). ``reason`` is the pending
     reason when ``to`` is PENDING or HELD. Raises ``Job.DoesNotExist``, ``InvalidTransition``
-    or ``TransitionConflict``; in each case nothing is written.
+    or ``TransitionConflict``; in each case nothing is written. ``audit_as`` (an ``AuditAction``)
+    records the move in the audit log, in the same transaction: for moves someone asked for.
     """
     to = JobState(to)
     allowed = allowed_sources(to)
@@ -128,12 +131,20 @@ def transition_job(
             message=message,
             actor=actor,
         )
+        if audit_as:
+            audit.record(
+                audit_as, actor=actor, target=f"job:{job_id}", details=_audit_details(current, to, message)
+            )
         job = Job.objects.get(pk=job_id)
         publish_on_commit(
             job_groups(job.pk, job.project_id),
             JobStateChanged(job.pk, job.project_id, current, to, job.reason, now.isoformat()),
         )
     return job
+
+
+def _audit_details(current: str, to: str, message: str) -> dict[str, Any]:
+    return {"from": current, "to": to} | ({"message": message[:200]} if message else {})
 
 
 def _job_changes(to: str, now: Any, *, reason: str, message: str, exit_code: int | None) -> dict[str, Any]:
