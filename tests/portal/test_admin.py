@@ -226,3 +226,109 @@ def test_a_node_page_shows_its_heartbeats(console, node):
     now = timezone.now()
     NodeLastSeen.objects.create(node=node, seen_at=now, good_since=now, boot_id="b" * 32, seq=41)
     assert "sequence 41" in console.get(f"/admin/clusters/node/{node.pk}/change/").content.decode()
+
+
+# --- the audit log ----------------------------------------------------------------------------
+
+AUDIT = "admin:foundation_auditentry_changelist"
+
+
+@pytest.fixture
+def logged():
+    """Three entries by two people, one with a user name a spreadsheet would run as a formula."""
+    from django.db import transaction
+
+    from foundation import audit
+    from foundation.choices import AuditAction
+    from tests.factories import make_user
+
+    mallory = make_user("=HYPERLINK(evil)")
+    with transaction.atomic():
+        with audit.source("203.0.113.7"):
+            audit.record(AuditAction.JOB_CANCEL, actor=mallory, target="job:7")
+        with audit.source("198.51.100.2"):
+            audit.record(AuditAction.NODE_DRAIN, actor=make_user("carol"), target="node:sim-a/a-n001")
+            audit.record(AuditAction.TOKEN_REVOKE, actor=None, target="token:orr_abcdef")
+
+
+def _export(console, fmt: str, **query) -> tuple[object, str]:
+    response = console.get(reverse("admin:foundation_auditentry_export", args=[fmt]), query)
+    assert response.status_code == 200, response.status_code
+    assert response.streaming  # rows go out as they are read, never all in memory
+    return response, b"".join(response.streaming_content).decode()
+
+
+@pytest.mark.parametrize(
+    ("query", "targets"),
+    [
+        ({"q": "carol"}, ["node:sim-a/a-n001"]),
+        ({"q": "job:7"}, ["job:7"]),
+        ({"q": "203.0.113"}, ["job:7"]),
+        ({"action__exact": "token.revoke"}, ["token:orr_abcdef"]),
+        ({"source": "198.51.100.2"}, ["node:sim-a/a-n001", "token:orr_abcdef"]),
+        ({"nope": "1"}, None),  # not a field: refused, not ignored
+    ],
+    ids=["actor", "target", "source", "action-filter", "exact-source", "unknown-filter"],
+)
+def test_the_audit_log_is_searchable(console, logged, query, targets):
+    response = console.get(reverse(AUDIT), query)
+    page = response.content.decode()
+    if targets is None:
+        assert response.status_code == 302 and "e=1" in response["Location"]
+        return
+    for target in ["job:7", "node:sim-a/a-n001", "token:orr_abcdef"]:
+        assert (target in page) == (target in targets), target
+
+
+def test_the_audit_log_exports_what_the_changelist_shows_as_csv(console, logged):
+    import csv
+
+    page = console.get(reverse(AUDIT), {"q": "job"}).content.decode()
+    assert reverse("admin:foundation_auditentry_export", args=["csv"]) + "?q=job" in page
+    response, text = _export(console, "csv", q="job")
+    assert response["Content-Type"].startswith("text/csv") and "attachment" in response["Content-Disposition"]
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [(r["action"], r["target"], r["source"]) for r in rows] == [("job.cancel", "job:7", "203.0.113.7")]
+    assert rows[0]["actor_name"] == "'=HYPERLINK(evil)"  # a formula in a user name stays text
+
+
+def test_the_audit_log_exports_json_lines_oldest_first(console, logged):
+    import json
+
+    _, text = _export(console, "jsonl")
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [line["target"] for line in lines] == ["job:7", "node:sim-a/a-n001", "token:orr_abcdef"]
+    assert lines[2]["actor_id"] is None and lines[0]["actor_name"] == "=HYPERLINK(evil)"
+
+
+def test_the_audit_log_is_for_operators_and_read_only(console, alice, logged):
+    from django.test import Client
+
+    from foundation.models import AuditEntry
+
+    entry = AuditEntry.objects.first()
+    export = reverse("admin:foundation_auditentry_export", args=["csv"])
+    client = Client()
+    client.force_login(alice)
+    for url in (reverse(AUDIT), export):
+        response = client.get(url)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    alice.is_staff = True  # staff, but not granted the audit log
+    alice.save()
+    assert client.get(reverse(AUDIT)).status_code == 403
+    assert client.get(export).status_code == 403
+    assert console.get(reverse("admin:foundation_auditentry_add")).status_code == 403
+    assert console.post(reverse("admin:foundation_auditentry_delete", args=[entry.pk])).status_code == 403
+    assert (
+        console.post(
+            reverse("admin:foundation_auditentry_change", args=[entry.pk]), {"target": "x"}
+        ).status_code
+        == 403
+    )
+    assert console.get(reverse("admin:foundation_auditentry_export", args=["xml"])).status_code == 404
+    assert AuditEntry.objects.get(pk=entry.pk).target == entry.target
+
+
+def test_an_export_with_an_unknown_filter_is_refused(console, logged):
+    response = console.get(reverse("admin:foundation_auditentry_export", args=["csv"]), {"nope": "1"})
+    assert response.status_code == 400
