@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -33,6 +36,7 @@ from clusters.services.credentials import (
     issue_cluster_credential,
     revoke,
 )
+from clusters.services.identity import map_account, unmap_account
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 from clusters.services.onboarding import onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
@@ -106,10 +110,45 @@ class PosixAccountInline(admin.TabularInline):
 
 @admin.register(PosixAccount)
 class PosixAccountAdmin(admin.ModelAdmin):
+    """Mappings change through ``map_account``/``unmap_account``, as in the API: audited."""
+
     list_display = ["user", "cluster", "username", "created_at"]
     list_filter = ["cluster"]
     search_fields = ["user__username", "username"]
     autocomplete_fields = ["user"]
+
+    def save_model(
+        self, request: HttpRequest, obj: PosixAccount, form: forms.ModelForm, change: bool
+    ) -> None:
+        obj.pk = save_accounts([obj], [], actor=request.user)[0].pk
+
+    def delete_model(self, request: HttpRequest, obj: PosixAccount) -> None:
+        save_accounts([], [obj], actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[PosixAccount]) -> None:
+        save_accounts([], list(queryset.select_related("cluster", "user")), actor=request.user)
+
+
+@transaction.atomic
+def save_accounts(
+    saved: list[PosixAccount], deleted: list[PosixAccount], *, actor: Any
+) -> list[PosixAccount]:
+    """Write the console's edits of account mappings through the services. A row whose cluster
+    or user was changed is first unmapped under its old key (still in the database: the form
+    has not saved it)."""
+    # The keys as stored: a deleted form's instance carries whatever else was typed in its row.
+    for account in PosixAccount.objects.select_related("cluster", "user").filter(
+        pk__in=[a.pk for a in deleted]
+    ):
+        unmap_account(account.cluster, account.user, actor=actor)
+    out = []
+    for account in saved:
+        if account.pk is not None:
+            before = PosixAccount.objects.select_related("cluster", "user").get(pk=account.pk)
+            if (before.cluster_id, before.user_id) != (account.cluster_id, account.user_id):
+                unmap_account(before.cluster, before.user, actor=actor)
+        out.append(map_account(account.cluster, account.user, account.username, actor=actor)[0])
+    return out
 
 
 @admin.register(Cluster)
@@ -202,6 +241,12 @@ class ClusterAdmin(admin.ModelAdmin):
             self.message_user(
                 request, f"Collector credential for {cluster}: {plaintext} — shown once.", messages.WARNING
             )
+
+    def save_formset(self, request: HttpRequest, form: forms.ModelForm, formset: Any, change: bool) -> None:
+        if formset.model is not PosixAccount:
+            return super().save_formset(request, form, formset, change)
+        saved = formset.save(commit=False)  # validated, not written: the services write
+        save_accounts(saved, formset.deleted_objects, actor=request.user)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
         return super().get_queryset(request).annotate(_nodes=Count("nodes"))

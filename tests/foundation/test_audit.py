@@ -24,7 +24,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from clusters.models import JoinToken
+from clusters.models import JoinToken, PosixAccount
 from clusters.services import onboarding
 from clusters.services.onboarding import onboard_slurm
 from foundation import audit
@@ -187,6 +187,27 @@ def _account(verb: str, action: str) -> Scenario:
     return scenario
 
 
+def _account_in_console(verb: str, action: str) -> Scenario:
+    def scenario(w):
+        if verb == "delete":
+            account = PosixAccount.objects.create(cluster=w.node.cluster, user=w.alice, username="alice")
+
+        def act():
+            if verb == "add":
+                body = {"cluster": w.node.cluster_id, "user": w.alice.pk, "username": "alice"}
+                w.console.post(reverse("admin:clusters_posixaccount_add"), body, REMOTE_ADDR=ADDR)
+                assert PosixAccount.objects.filter(user=w.alice, username="alice").exists()
+            else:
+                url = reverse("admin:clusters_posixaccount_delete", args=[account.pk])
+                w.console.post(url, {"post": "yes"}, REMOTE_ADDR=ADDR)
+                assert not PosixAccount.objects.exists()
+            return action, w.operator, "account:sim-a/alice"
+
+        return act
+
+    return scenario
+
+
 SCENARIOS: dict[str, Scenario] = {
     "submit": _submit,
     "cancel": _job_action("cancel", JobState.PENDING, AuditAction.JOB_CANCEL),
@@ -206,6 +227,8 @@ SCENARIOS: dict[str, Scenario] = {
     "token-in-console": _token_in_console,
     "map-account": _account("put", AuditAction.ACCOUNT_MAP),
     "unmap-account": _account("delete", AuditAction.ACCOUNT_UNMAP),
+    "map-in-console": _account_in_console("add", AuditAction.ACCOUNT_MAP),
+    "unmap-in-console": _account_in_console("delete", AuditAction.ACCOUNT_UNMAP),
 }
 
 
@@ -472,3 +495,47 @@ def test_audit_export_writes_a_time_range_as_json_lines(tmp_path):
 def test_audit_export_refuses_a_date_it_cannot_read():
     with pytest.raises(CommandError, match="--since"):
         call_command("audit_export", "--since", "yesterday-ish")
+
+
+def test_mappings_edited_on_the_cluster_page_go_through_the_services(w, bob):
+    """The inline on the cluster page: a new row maps, a row moved to another user unmaps the old
+    user first, a deleted row unmaps."""
+    from django.forms.models import model_to_dict
+
+    cluster = w.node.cluster
+    moved = PosixAccount.objects.create(cluster=cluster, user=w.alice, username="alice")
+    form = {k: v for k, v in model_to_dict(cluster).items() if k != "config" and v is not None}
+    rows = {
+        "accounts-TOTAL_FORMS": 2,
+        "accounts-INITIAL_FORMS": 1,
+        "accounts-0-id": moved.pk,
+        "accounts-0-cluster": cluster.pk,
+        "accounts-0-user": bob.pk,
+        "accounts-0-username": "bob",
+        "accounts-1-cluster": cluster.pk,
+        "accounts-1-user": w.operator.pk,
+        "accounts-1-username": "ops",
+    }
+    mark = last_id()
+    url = reverse("admin:clusters_cluster_change", args=[cluster.pk])
+    answer = w.console.post(url, form | rows, REMOTE_ADDR=ADDR)
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    found = sorted((e.action, e.target) for e in entries_after(mark))
+    assert found == [
+        (AuditAction.ACCOUNT_MAP, "account:sim-a/bob"),
+        (AuditAction.ACCOUNT_MAP, "account:sim-a/ops"),
+        (AuditAction.ACCOUNT_UNMAP, "account:sim-a/alice"),
+    ]
+    assert dict(PosixAccount.objects.values_list("user__username", "username")) == {
+        "bob": "bob",
+        "ops": "ops",
+    }
+
+    mark = last_id()
+    rows = {"accounts-TOTAL_FORMS": 2, "accounts-INITIAL_FORMS": 2}
+    for i, account in enumerate(PosixAccount.objects.order_by("pk")):
+        rows |= {f"accounts-{i}-id": account.pk, f"accounts-{i}-cluster": cluster.pk}
+        rows |= {f"accounts-{i}-user": account.user_id, f"accounts-{i}-username": account.username}
+    rows["accounts-0-DELETE"] = "on"
+    assert w.console.post(url, form | rows, REMOTE_ADDR=ADDR).status_code == 302
+    assert [(e.action, e.source) for e in entries_after(mark)] == [(AuditAction.ACCOUNT_UNMAP, ADDR)]
