@@ -32,7 +32,7 @@ JOB_SPEC_SCHEMA = {
                     "oneOf": [
                         {"type": "string", "enum": ["low", "normal", "high"]},
                         {"type": "integer", "minimum": -1000, "maximum": 1000},
-                    ]
+                    ],
                 },
                 "resources": {
                     "type": "object",
