@@ -7,6 +7,11 @@ class PortalConfig(AppConfig):
     name = "portal"
     verbose_name = "Projects and access"
 
+    def ready(self) -> None:
+        # The body parsers refuse to load without libyaml, so a server whose PyYAML lacks it
+        # fails at start-up instead of parsing YAML with the pure-Python loader (minutes a body).
+        from portal.api import parsers  # noqa: F401
+
 
 class OrreryAdminConfig(admin_apps.AdminConfig):
     """django.contrib.admin, with the console's landing page and scheduler page."""

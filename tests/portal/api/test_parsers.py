@@ -5,13 +5,14 @@ never minutes of parsing."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import time
 
 import pytest
 import yaml
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 
 from portal.api import parsers
 from scheduling.models import Job
@@ -29,6 +30,13 @@ def post(client, body: str | bytes, content_type: str, url: str = JOBS):
 
 def spec_yaml(**changes) -> str:
     return yaml.safe_dump(job_spec(**changes))
+
+
+def test_without_libyaml_the_parsers_refuse_to_load(monkeypatch):
+    assert issubclass(parsers._BoundedYamlLoader, yaml.CSafeLoader)
+    monkeypatch.setattr(yaml, "__with_libyaml__", False)
+    with pytest.raises(ImproperlyConfigured, match="libyaml"):
+        importlib.reload(parsers)
 
 
 # --- size and shape ----------------------------------------------------------------------------
