@@ -14,6 +14,11 @@ Units, chosen to match what Slurm and Kubernetes users type:
   ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; ISO 8601 ``PT2H``, ``P1DT2H``; a bare integer is minutes
   (Slurm's default unit);
 * gpus: ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"`` (one), ``{model: h100, count: 8}``, or ``0``.
+
+Hostile input is refused, never crashes: numbers are read from ASCII digits only (``int()`` and
+``float()`` also read ``"١٢"``), and a digit string too long for any range is refused by its
+length before it is converted; no string anywhere in the document, key or value, may hold NUL or
+a lone surrogate (neither can be stored, nor shown back in an error).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ API_VERSION = "orrery/v1"
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
+MAX_SIM_DURATION_S = MAX_TIME_LIMIT_S
 MAX_ARRAY_SIZE = 10_000
 MAX_RETRIES = 100
 MAX_CPUS = 1_000_000
@@ -39,13 +45,17 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\s*$", re.IGNORECASE)
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
-_DURATION_PARTS = re.compile(r"(\d+)\s*([dhms])", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE)
-_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE)
-_ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$")
+_DURATION_PARTS = re.compile(r"(\d+)\s*([dhms])", re.IGNORECASE | re.ASCII)
+_DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE | re.ASCII)
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+_ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE | re.ASCII)
+_ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$", re.ASCII)
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
+_BEYOND = 10**18  # more than any count, size or duration a spec holds
+_MAX_TEXT_NUMBER = 64  # characters: no duration, size or index range is longer
 
 TOP_FIELDS = {"apiVersion", "kind", "metadata", "spec"}
 METADATA_FIELDS = {"name", "project", "labels"}
@@ -132,7 +142,7 @@ class _Collector:
             if not isinstance(key, str):
                 self.add(path or "(body)", f"keys must be strings, not {_kind(key)}")
             elif allowed is not None and key not in allowed:
-                where = f"{path}.{key}" if path else (key or '""')
+                where = f"{path}.{path_key(key)}" if path else (path_key(key) or '""')
                 self.add(where, f"unknown field; expected one of {', '.join(sorted(allowed))}")
         return {k: v for k, v in value.items() if isinstance(k, str)}
 
@@ -157,28 +167,30 @@ class _Collector:
     def integer(self, value: Any, path: str, *, default: int, low: int, high: int) -> int:
         if value is None:
             return default
+        if isinstance(value, str) and ascii_integer(value) is not None:
+            value = ascii_integer(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-                value = int(value)
-            else:
-                self.add(path, f"must be an integer, not {_kind(value)}")
-                return default
+            self.add(path, f"must be an integer, not {_kind(value)}")
+            return default
         if not low <= value <= high:
-            self.add(path, f"must be between {low} and {high}, got {value}")
+            self.add(path, f"must be between {low} and {high}, got {_shown(value)}")
             return default
         return value
 
     def string_map(self, value: Any, path: str, key_pattern: re.Pattern[str], what: str) -> dict[str, str]:
         out = {}
         for key, item in self.mapping(value, path).items():
+            where = f"{path}.{path_key(key)}"
             if not key_pattern.fullmatch(key):
-                self.add(f"{path}.{key}", f"is not a valid {what} name")
+                self.add(where, f"is not a valid {what} name")
             elif isinstance(item, bool) or not isinstance(item, str | int | float):
-                self.add(f"{path}.{key}", f"must be a string, not {_kind(item)}")
+                self.add(where, f"must be a string, not {_kind(item)}")
+            elif isinstance(item, int) and not -_BEYOND < item < _BEYOND:
+                self.add(where, "is a number too large to be a value; quote it")
             else:
                 text = str(item)
                 if len(text) > 4096 or "\x00" in text:
-                    self.add(f"{path}.{key}", "must be at most 4096 characters without NUL")
+                    self.add(where, "must be at most 4096 characters without NUL")
                 else:
                     out[key] = text
         return out
@@ -208,6 +220,72 @@ def _environment(c: _Collector, env: Any, secret: Any, path: str) -> tuple[dict[
     return plain_env, secret_env | given
 
 
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored or shown back (NUL, a lone surrogate), or None."""
+    if "\x00" in text:
+        return "must not contain NUL characters"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must not contain lone surrogates (\\ud800-\\udfff are not Unicode text)"
+    return None
+
+
+def path_key(key: Any) -> str:
+    """A mapping key as it can be shown in an error's path: at most 100 characters, with NUL
+    and lone surrogates escaped (a path is rendered back to the client)."""
+    text = str(key)[:100]
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def text_errors(document: Any, path: str = "") -> list[tuple[str, str]]:
+    """Every string of the document, keys included, that holds NUL or a lone surrogate, with its
+    path, in document order. Each list or mapping is visited once (YAML aliases share them), at
+    most 64 deep."""
+    errors: list[tuple[str, str]] = []
+    visited: set[int] = set()
+    stack: list[tuple[Any, Any, str, int]] = [(None, document, path, 0)]
+    while stack:
+        key, value, where, depth = stack.pop()
+        problem = text_problem(key) if isinstance(key, str) else None
+        if problem:
+            errors.append((where, f"its name {problem}"))
+        if isinstance(value, str):
+            problem = text_problem(value)
+            if problem:
+                errors.append((where or "(body)", problem))
+        elif isinstance(value, dict | list) and id(value) not in visited and depth < 64:
+            visited.add(id(value))
+            if isinstance(value, dict):
+                children = [
+                    (k, item, f"{where}.{path_key(k)}" if where else path_key(k), depth + 1)
+                    for k, item in value.items()
+                ]
+            else:
+                children = [(None, item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+            stack.extend(reversed(children))
+    return errors
+
+
+def ascii_integer(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits (``[+-]?[0-9]+`` around blanks), or None.
+    More than 18 digits is beyond every range of a spec: judged by its length and returned as
+    ±10**18 without being converted (``int()`` of thousands of digits raises, and is slow)."""
+    text = text.strip()
+    if not _INTEGER.fullmatch(text):
+        return None
+    if len(text.lstrip("+-").lstrip("0")) > 18:
+        return -_BEYOND if text.startswith("-") else _BEYOND
+    return int(text)
+
+
+def _shown(value: int) -> str:
+    """A number as an error message may show it (huge ones are not printed: str() of more than
+    4300 digits raises)."""
+    return str(value) if -_BEYOND < value < _BEYOND else "a larger number"
+
+
 def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number" if isinstance(value, int | float) else type(value).__name__
@@ -218,6 +296,8 @@ def parse_memory(value: Any) -> int:
     """Bytes for ``256Gi``/``256G``/``512`` (MiB); raises ValueError with a readable reason."""
     if isinstance(value, bool):
         raise ValueError("must be a size such as 256Gi, not a boolean")
+    if isinstance(value, int) and not -_BEYOND < value < _BEYOND:
+        raise ValueError("is more memory than any node has (the limit is 1 PiB)")
     if isinstance(value, int | float):
         value = str(value)
     if not isinstance(value, str):
@@ -238,12 +318,14 @@ def parse_cpus(value: Any) -> int:
         raise ValueError("must be a number of CPUs, not a boolean")
     if isinstance(value, str):
         text = value.strip()
-        if text.endswith("m") and text[:-1].isdigit():
-            return int(text[:-1])
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"'{text[:40]}' is not a number of CPUs (e.g. 32, 0.5 or 500m)") from None
+        millicores = ascii_integer(text[:-1]) if text.endswith("m") else None
+        if millicores is not None:
+            if not 0 <= millicores <= MAX_CPUS * 1000:
+                raise ValueError(f"must be between 0 and {MAX_CPUS * 1000}m")
+            return millicores
+        if len(text) > _MAX_TEXT_NUMBER or not _DECIMAL.fullmatch(text):
+            raise ValueError(f"'{text[:40]}' is not a number of CPUs (e.g. 32, 0.5 or 500m)")
+        value = float(text)
     if not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"must be a finite number of CPUs, not {value!r:.40}")
     if not 0 <= value <= MAX_CPUS:
@@ -260,6 +342,8 @@ def parse_duration(value: Any) -> int:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a duration such as 2h, 1-00:00:00 or PT2H, not {_kind(value)}")
     text = value.strip()
+    if len(text) > _MAX_TEXT_NUMBER:  # every number in it then has few enough digits for int()
+        raise ValueError(f"'{text[:40]}…' is too long for a duration; use e.g. 2h, 90m or 1-00:00:00")
     if _DURATION.fullmatch(text):
         seconds = {"d": 86400, "h": 3600, "m": 60, "s": 1}
         return sum(int(n) * seconds[u.lower()] for n, u in _DURATION_PARTS.findall(text))
@@ -288,8 +372,8 @@ def parse_gpus(value: Any) -> GpuRequest:
         return GpuRequest(None, 0)
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"cannot be negative, got {value}")
-        raise ValueError(f"name the GPU model, e.g. 'h100:{value}'")
+            raise ValueError(f"cannot be negative, got {_shown(value)}")
+        raise ValueError(f"name the GPU model, e.g. 'h100:{_shown(value)}'")
     if isinstance(value, dict):
         unknown = set(value) - {"model", "count"}
         if unknown:
@@ -306,19 +390,18 @@ def parse_gpus(value: Any) -> GpuRequest:
     if parts and parts[0].lower() == "gpu" and len(parts) > 1:
         parts = parts[1:]
     if len(parts) == 1:
-        if re.fullmatch(r"-?\d+", parts[0]):
-            return parse_gpus(int(parts[0]))
-        return _gpu_request(parts[0], 1)
-    if len(parts) == 2 and re.fullmatch(r"-?\d+", parts[1]):
-        return _gpu_request(parts[0], int(parts[1]))
+        count = ascii_integer(parts[0])
+        return _gpu_request(parts[0], 1) if count is None else parse_gpus(count)
+    if len(parts) == 2 and ascii_integer(parts[1]) is not None:
+        return _gpu_request(parts[0], ascii_integer(parts[1]))
     raise ValueError(f"'{value[:40]}' is not a GPU request; use MODEL:COUNT, e.g. h100:8")
 
 
 def _gpu_request(model: str, count: int) -> GpuRequest:
     if count < 0:
-        raise ValueError(f"count cannot be negative, got {count}")
+        raise ValueError(f"count cannot be negative, got {_shown(count)}")
     if count > MAX_GPUS_PER_NODE:
-        raise ValueError(f"count {count} is more than {MAX_GPUS_PER_NODE} GPUs per node")
+        raise ValueError(f"count {_shown(count)} is more than {MAX_GPUS_PER_NODE} GPUs per node")
     if not model or len(model) > 120 or not model.isprintable():
         raise ValueError("model must be a GPU model name such as h100")
     return GpuRequest(model.strip().lower() if count else None, count)
@@ -328,9 +411,11 @@ def parse_array(value: Any) -> list[int]:
     """Indices for ``"0-99"``, ``"0-99:4"`` (step) or ``"1,3,5-7"``."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError("must be like '0-99', '0-99:2' or '1,3,5'")
+    if isinstance(value, int) and not 0 <= value < _BEYOND:
+        raise ValueError(f"index {_shown(value)} is out of range")
     indices: set[int] = set()
     for part in str(value).replace(" ", "").split(","):
-        if not _ARRAY.fullmatch(part):
+        if len(part) > _MAX_TEXT_NUMBER or not _ARRAY.fullmatch(part):
             raise ValueError(f"'{part[:40]}' is not an index range; use e.g. 0-99, 0-99:2 or 1,3,5")
         bounds, _, step = part.partition(":")
         first, _, last = bounds.partition("-")
@@ -362,6 +447,11 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     p = f"{path}." if path else ""
     if not isinstance(document, dict):
         raise SpecError([(path or "(body)", f"must be a job spec (a mapping), not {_kind(document)}")])
+    # Text that can be neither stored nor shown back is refused before anything else reads it:
+    # later messages quote values and paths name keys.
+    bad_text = text_errors(document, path)
+    if bad_text:
+        raise SpecError(bad_text)
     top = c.mapping(document, path, TOP_FIELDS)
     if top.get("apiVersion") != API_VERSION:
         c.add(f"{p}apiVersion", f"must be {API_VERSION}")
@@ -446,6 +536,9 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
             sim_duration = parse_duration(sim["duration"])
         except ValueError as exc:
             c.add(f"{p}spec.sim.duration", str(exc))
+        if sim_duration is not None and not 0 <= sim_duration <= MAX_SIM_DURATION_S:
+            c.add(f"{p}spec.sim.duration", f"must be between 0 and {MAX_SIM_DURATION_S // 86400} days")
+            sim_duration = None
     sim_exit = c.integer(sim.get("exitCode"), f"{p}spec.sim.exitCode", default=0, low=0, high=255)
 
     if name and values["array"] and len(name) + len(f"-{values['array'][-1]}") > 128:

@@ -13,10 +13,14 @@ from typing import ClassVar
 
 from django.conf import settings
 
-from clusters.adapters.base import Inventory, Phase, RemoteState, Sent, Synced, Work
+from clusters.adapters.base import Inventory, Phase, RemoteState, Sent, Simulation, Synced, Work
 from clusters.adapters.native import registered_inventory
 from clusters.choices import ClusterKind
 from clusters.models import Cluster
+
+# A stored duration is clamped to this (ten years): one beyond a float's range (10**400 seconds)
+# would raise OverflowError on every pass and stop every other job of the cluster from ending.
+MAX_DURATION_S = 10 * 366 * 86400
 
 
 class SimulatedAdapter:
@@ -44,11 +48,7 @@ class SimulatedAdapter:
             if work.started_at is None:
                 continue  # not started yet: its delivery starts it
             sim = work.simulation
-            duration = (
-                settings.ORRERY_SIM_DEFAULT_DURATION_S
-                if sim is None or sim.duration_s is None
-                else sim.duration_s
-            )
+            duration = _duration_s(sim)
             code = 0 if sim is None else sim.exit_code
             end = work.started_at + duration
             if end > now:
@@ -75,3 +75,13 @@ class SimulatedAdapter:
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
         return 0  # nothing runs: a cancelled attempt is no longer asked about
+
+
+def _duration_s(sim: Simulation | None) -> float:
+    """How long the job runs, within ``[0, MAX_DURATION_S]``, whatever was stored: the cluster's
+    default when the job says nothing (or something that is not a number)."""
+    value = None if sim is None else sim.duration_s
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # NaN
+        return float(settings.ORRERY_SIM_DEFAULT_DURATION_S)
+    # int and float compare exactly, without converting: no OverflowError for 10**400.
+    return float(min(max(value, 0), MAX_DURATION_S))

@@ -76,7 +76,7 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         errors = _flatten(exc.detail, "")
         detail = "Invalid request."
     elif isinstance(exc, exceptions.ParseError):
-        errors = [("(body)", str(exc.detail))]
+        errors = getattr(exc, "errors", None) or [("(body)", str(exc.detail))]
         detail = str(exc.detail)
     else:
         errors = []

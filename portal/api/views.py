@@ -253,7 +253,7 @@ class JobLogsView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         job = access_job(request.user, pk)
         raw = request.query_params.get("tail", "100")
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10_000:
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 1 <= int(raw) <= 10_000:
             raise InputError([("query.tail", "must be an integer between 1 and 10000")])
         lines, truncated = log_tail(job.pk, int(raw))
         return Response({"jobId": job.pk, "lines": lines, "truncated": truncated})

@@ -388,3 +388,46 @@ def test_one_bad_item_is_refused_alone(client, placed):
         "reports[3].reason",
     ]
     assert body["applied"] == 1 and Job.objects.get(pk=placed["job"].pk).state == "RUNNING"
+
+
+NOT_ATTEMPT_IDS = [
+    "not-a-uuid",
+    "",
+    "{12345678-1234-5678-1234-567812345678}",  # uuid.UUID() reads braces and urn:uuid: too
+    "urn:uuid:12345678-1234-5678-1234-567812345678",
+    "12345678123456781234567812345678",
+    "٠" * 32,  # int(…, 16) reads Arabic-Indic digits
+    "12345678-1234-5678-1234-56781234567\x00",
+    "x" * 100_000,
+    5,
+    2**64,
+    None,
+    ["12345678-1234-5678-1234-567812345678"],
+    {"id": "12345678-1234-5678-1234-567812345678"},
+]
+
+
+@pytest.mark.parametrize("attempt", NOT_ATTEMPT_IDS, ids=range(len(NOT_ATTEMPT_IDS)))
+def test_an_attempt_id_that_is_not_a_uuid_is_refused_alone(client, placed, attempt):
+    """Not a 500, whatever stands for the attempt id: that item is refused with its path and the
+    valid one beside it is applied."""
+    from scheduling.models import Job
+
+    running = {"attempt": placed["attempt"], "state": "running"}
+    answer = attempts(
+        client,
+        placed["node"],
+        reports=[{"attempt": attempt, "state": "running"}, running],
+        logs=[{"attempt": attempt, "offset": 0, "data": "x"}],
+    )
+    assert answer.status_code == 200, answer.content[:300]
+    assert [e["path"] for e in answer.json()["errors"]] == ["logs[0]", "reports[0]"]
+    assert Job.objects.get(pk=placed["job"].pk).state == "RUNNING"
+
+
+@pytest.mark.parametrize("attempt", ["not-a-uuid", "٠" * 32, "x" * 64])
+def test_a_heartbeat_naming_unknown_running_attempts_is_answered(client, placed, attempt):
+    body = {**report("gpu-001"), "running": [attempt]}
+    answer = post(client, "heartbeat", body, placed["node"]["credential"])
+    assert answer.status_code == 200, answer.content[:300]
+    assert attempt in answer.json()["stop"]  # not the server's: the node is told to stop it

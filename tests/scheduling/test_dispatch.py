@@ -80,6 +80,20 @@ def test_simulated_clusters_run_what_is_placed_on_them(alice, queue, fleet):
     assert DispatchOutbox.objects.filter(state="sent").count() == 2
 
 
+@pytest.mark.parametrize("stored", [10**400, "soon", -5], ids=["beyond-a-float", "not-a-number", "negative"])
+def test_a_stored_simulated_duration_never_stops_the_others_ending(alice, queue, fleet, stored):
+    """A duration stored before the spec bounded it (10**400 s overflows a float, on every
+    pass) is clamped: the pass goes on, and the cluster's other jobs still end."""
+    odd = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": stored, "exitCode": 0}})
+    quick = make_job(alice, queue, gpus=1, spec={"sim": {"durationSeconds": 0, "exitCode": 0}})
+    run_cycle(SchedulerCache())
+    assert drain_outbox() == 2
+    sync_simulated()
+    assert Job.objects.get(pk=quick.pk).state == JobState.SUCCEEDED
+    expected = JobState.SUCCEEDED if stored == -5 else JobState.RUNNING  # the default: minutes away
+    assert Job.objects.get(pk=odd.pk).state == expected
+
+
 def test_the_periodic_sync_visits_each_polled_kind_at_its_own_interval(alice, queue, fleet):
     from django.core.cache import cache
 

@@ -73,7 +73,11 @@ def test_logs_are_empty_for_now(api, alice, queue, query):
     assert response.json() == {"jobId": job.pk, "lines": [], "truncated": False}
 
 
-@pytest.mark.parametrize("tail", ["0", "10001", "-1", "abc", "1.5", " 5", "", "²"])
+@pytest.mark.parametrize(
+    "tail",
+    ["0", "10001", "-1", "abc", "1.5", " 5", "", "²", "1" * 5000, "٣"],
+    ids=lambda tail: tail if len(tail) < 10 else f"{len(tail)}-digits",
+)
 def test_bad_tail_is_a_400(api, alice, queue, tail):
     job = make_job(alice, queue)
     response = api(alice).get(f"{JOBS}/{job.pk}/logs", {"tail": tail})

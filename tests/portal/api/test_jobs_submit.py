@@ -167,7 +167,11 @@ BAD_SPECS = [
     ("nul-in-queue", {"spec__queue": "def\x00ault"}, "spec.queue"),
     ("nul-in-project", {"metadata__project": "vis\x00ion"}, "metadata.project"),
     ("nul-in-gpu-model", {RESOURCES + "gpus": "h1\x0000:8"}, "spec.resources.gpus"),
-    ("nul-in-gpu-model-object", {RESOURCES + "gpus": {"model": "\x00", "count": 1}}, "spec.resources.gpus"),
+    (
+        "nul-in-gpu-model-object",
+        {RESOURCES + "gpus": {"model": "\x00", "count": 1}},
+        "spec.resources.gpus.model",
+    ),
     ("name-with-trailing-newline", {"metadata__name": "train\n"}, "metadata.name"),
     ("infinite-cpus-string", {RESOURCES + "cpus": "inf"}, "spec.resources.cpus"),
     ("huge-float-cpus", {RESOURCES + "cpus": 1e308}, "spec.resources.cpus"),
@@ -231,13 +235,8 @@ def test_unreadable_bodies_are_a_400(api, alice, body, content_type, detail):
     assert not Job.objects.exists()
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["metadata: {name: 2026-02-30}", "metadata: {name: " + "1" * 5000 + "}"],
-    ids=["impossible-date", "int-over-4300-digits"],
-)
-def test_yaml_values_python_cannot_build_are_a_400(api, alice, text):
-    response = post_yaml(api(alice), f"apiVersion: orrery/v1\n{text}\n")
+def test_yaml_values_python_cannot_build_are_a_400(api, alice):
+    response = post_yaml(api(alice), "apiVersion: orrery/v1\nmetadata: {name: 2026-02-30}\n")
     assert response.status_code == 400
     assert "Malformed YAML" in response.json()["detail"]
 
