@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -89,3 +91,63 @@ class AuditSource:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         with audit.source((client_address(request) or "unknown")[:64]):
             return self.get_response(request)
+
+
+class AsgiBodyLimit:
+    """ASGI: refuse a request body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` before Django spools it.
+
+    Django's ASGI handler reads the whole body into a temporary file before any view (or the
+    API's parsers, which stop at the limit) runs, so without this an upload of any size would be
+    written to disk first. A declared ``Content-Length`` over the limit is answered 413 at once;
+    a body without one (chunked) is counted while it arrives, and at the limit Django is told the
+    client left (it stops reading and answers nothing) and the client gets the 413. WSGI servers
+    hand the body over unread, so there the parsers' own bound is enough."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not declared.isdigit() or len(declared) > 18 or int(declared) > limit:
+            await _too_large(send)
+            return
+        received = 0
+        over = started = False
+
+        async def counting_receive() -> dict[str, Any]:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watching_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counting_receive, watching_send)
+        if over and not started:
+            await _too_large(send)
+
+
+async def _too_large(send: Callable[..., Any]) -> None:
+    body = json.dumps(
+        {
+            "detail": "The request body is too large (the limit is "
+            f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB); split a batch into smaller ones.",
+            "errors": [],
+        }
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
