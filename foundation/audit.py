@@ -22,6 +22,8 @@ from django.db import transaction
 from foundation.choices import AuditAction, AuditSource
 
 _source: ContextVar[str] = ContextVar("orrery_audit_source", default=AuditSource.SYSTEM)
+# The credential a request was authenticated with, when it is not a session (``token:orr_ab12``).
+_credential: ContextVar[str] = ContextVar("orrery_audit_credential", default="")
 
 # The columns of an export, in order; JSON lines use the same keys.
 EXPORT_FIELDS = ["id", "at", "action", "actor_id", "actor_name", "source", "target", "details"]
@@ -34,12 +36,20 @@ def set_source(source: str) -> None:
 
 @contextmanager
 def source(value: str) -> Iterator[None]:
-    """Name where the actions inside the block come from (a client address, ``cli``…)."""
-    token = _source.set(value)
+    """Name where the actions inside the block come from (a client address, ``cli``…); the
+    block starts with no credential named (``set_credential``)."""
+    token, credential = _source.set(value), _credential.set("")
     try:
         yield
     finally:
         _source.reset(token)
+        _credential.reset(credential)
+
+
+def set_credential(name: str) -> None:
+    """Name the credential (an API token's prefix) the current request acts with; entries
+    recorded for the rest of the request carry it as ``details.via``."""
+    _credential.set(name)
 
 
 def current_source() -> str:
@@ -64,7 +74,7 @@ def record(action: str, *, actor: Any, target: str, details: dict[str, Any] | No
         actor_name=actor.get_username() if user_id is not None else "",
         source=_source.get(),
         target=target[:255],
-        details=details or {},
+        details=(details or {}) | ({"via": via} if (via := _credential.get()) else {}),
     )
 
 

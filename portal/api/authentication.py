@@ -10,6 +10,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
+from foundation import audit
 from portal.models import ApiToken
 from portal.services.tokens import authenticate_token
 
@@ -32,6 +33,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         token = authenticate_token(plaintext)
         if token is None:
             raise AuthenticationFailed("Invalid, expired or revoked token.")
+        audit.set_credential(f"token:{token.prefix}")  # audit entries say which token acted
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -23,6 +23,7 @@ from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from clusters.adapters.slurm.api import SlurmError
 from clusters.models import JoinToken, PosixAccount
@@ -59,6 +60,14 @@ def w(api, client, alice, operator, queue, node) -> SimpleNamespace:
         queue=queue,
         node=node,
     )
+
+
+@pytest.fixture
+def alice_session(alice):
+    """Alice signed in with a session (the portal), as opposed to her bearer token."""
+    session = APIClient()
+    session.force_login(alice)
+    return session
 
 
 def entries_after(mark: int) -> list[AuditEntry]:
@@ -255,7 +264,22 @@ def test_a_batch_is_one_entry_with_the_count_and_the_ids(w):
     ids = [job["id"] for job in answer.json()["jobs"]]
     [entry] = entries_after(mark)
     assert entry.action == AuditAction.JOB_SUBMIT and entry.target == f"jobs:{ids[0]}-{ids[-1]}"
-    assert entry.details == {"count": 3, "ids": ids, "queues": ["vision/default"]}
+    token = ApiToken.objects.filter(user=w.alice).latest("created_at")
+    assert entry.details == {
+        "count": 3,
+        "ids": ids,
+        "queues": ["vision/default"],
+        "via": f"token:{token.prefix}",
+    }
+
+
+def test_an_entry_names_the_token_that_acted_and_only_for_its_request(w, alice_session):
+    job = make_job(w.alice, w.queue)
+    mark = last_id()
+    assert w.api.post(f"/api/v1/jobs/{job.pk}/hold", REMOTE_ADDR=ADDR).status_code == 200
+    assert alice_session.post(f"/api/v1/jobs/{job.pk}/release", REMOTE_ADDR=ADDR).status_code == 200
+    held, released = entries_after(mark)
+    assert held.details["via"].startswith("token:orr_") and "via" not in released.details
 
 
 def test_an_idempotent_retry_changes_nothing_and_records_nothing(w):
