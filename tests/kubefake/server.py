@@ -193,9 +193,24 @@ class FakeKube:
         return {
             "kind": "TokenRequest",
             "apiVersion": "authentication.k8s.io/v1",
-            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": rfc3339(now)},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "creationTimestamp": rfc3339(now),
+                "managedFields": [
+                    {
+                        "manager": "kubefake",
+                        "operation": "Update",
+                        "apiVersion": "authentication.k8s.io/v1",
+                        "time": rfc3339(now),
+                        "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:expirationSeconds": {}}},
+                        "subresource": "token",
+                    }
+                ],
+            },
             "spec": {
-                "audiences": ["https://kubernetes.default.svc.cluster.local"],
+                "audiences": [self.url],
                 "expirationSeconds": seconds,
                 "boundObjectRef": None,
             },
