@@ -60,7 +60,7 @@ class Watch:
                 if not line:
                     break
                 self.events.append(json.loads(line))
-        except Exception:  # noqa: BLE001 - collect() closes the socket under the reader on purpose
+        except Exception:  # collect() closes the socket under the reader on purpose
             pass
         self.ended = True
 
