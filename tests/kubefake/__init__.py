@@ -24,7 +24,8 @@ What it models:
 
 What it does not model: the controllers around the server (Job controller, scheduler, kubelet,
 garbage collector, node lifecycle, namespace controller): like the recorded server, nothing creates
-pods for a Job or moves them by itself; a test plays those parts through the API. Nor: admission webhooks, server-side apply (``managedFields`` is approximate),
+pods for a Job or moves them by itself; a test plays those parts through the API. Nor: admission
+webhooks, server-side apply (``managedFields`` is approximate),
 protobuf, API priority and fairness, field validation beyond the checks in ``validation.py``,
 quota and limit ranges, any resource not listed above, and the real server's timing.
 """
