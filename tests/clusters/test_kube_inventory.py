@@ -290,3 +290,250 @@ def test_unavailable_gpus(capacity, allocatable, foreign, held, expected):
         "withdrawn": "not allocatable (withdrawn by the device plugin)",
     }
     assert out == {i: words[w] for i, w in expected.items()}
+
+
+# --- into Orrery: nodes, the heartbeat pipeline, the scheduler's cache ---------------------------
+def h100(name: str = "dgx-h100-001") -> dict[str, Any]:
+    node = ready(recorded_node("011"))
+    node["metadata"]["name"] = node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    return node
+
+
+@pytest.fixture
+def kube(db):
+    from tests.factories import ensure_catalog, make_cluster
+
+    ensure_catalog()
+    return make_cluster("kube-a", kind="kubernetes", config={"namespace": "orrery"})
+
+
+@pytest.fixture
+def inventory_pass(django_capture_on_commit_callbacks):
+    """One pass as the periodic task runs it, then the aggregation pass that follows it."""
+    from clusters.adapters.kubernetes.inventory import apply_inventory
+    from clusters.services.aggregation import flush_heartbeats
+
+    def run(cluster, nodes, pods=()):
+        with django_capture_on_commit_callbacks(execute=True):
+            seen = apply_inventory(cluster, nodes, pods)
+        flush_heartbeats()
+        return seen
+
+    return run
+
+
+def heartbeats_on_time() -> None:
+    """The lifecycle, NODE_RECOVERY seconds on: nodes heartbeating since are ready."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    run_node_lifecycle(timezone.now() + timedelta(seconds=settings.NODE_RECOVERY + 1))
+
+
+def orrery_node(cluster, name: str):
+    return cluster.nodes.get(name=name)
+
+
+def test_first_pass_creates_the_gpu_nodes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    mig = ready(recorded_node("012"))
+    seen = inventory_pass(kube, [h100(), mig, recorded_node("013")])
+    assert (seen.nodes, seen.gpus) == (3, 16)
+    assert seen.unknown_gpu_types == ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb",)
+    node = orrery_node(kube, "dgx-h100-001")
+    assert node.gpu_capacity == 8
+    assert {g.model.slug for g in node.gpus.all()} == {"h100-80g"}
+    assert node.gpus.first().memory_mb == 81559
+    assert node.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert node.labels[RESOURCE_LABEL] == GPU
+    assert "nvidia.com/gfd.timestamp" not in node.labels  # changes every GFD run: not copied
+    assert node.cpu_millicores_allocatable == 222_000
+    assert orrery_node(kube, "dgx-a100-mig-001").gpu_capacity == 0  # no catalog entry for the slice
+    not_ready = orrery_node(kube, "dgx-h100-002")
+    assert not_ready.state == NodeState.NOT_READY
+    assert not_ready.state_reason.startswith("kubernetes: Ready=False (KubeletNotReady")
+    heartbeats_on_time()
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
+    assert orrery_node(kube, "dgx-a100-mig-001").state == NodeState.READY
+    assert orrery_node(kube, "dgx-h100-002").state == NodeState.NOT_READY  # no heartbeat: kubelet not ready
+
+
+def test_a_pass_that_sees_nothing_new_writes_no_node_rows(
+    kube, inventory_pass, django_assert_max_num_queries
+):
+    from clusters.adapters.kubernetes.inventory import apply_inventory
+
+    nodes = [h100(f"dgx-h100-{i:03}") for i in range(20)]
+    inventory_pass(kube, nodes)
+    with django_assert_max_num_queries(8):  # reads, no writes, whatever the number of nodes
+        apply_inventory(kube, nodes, [])
+
+
+def test_mig_slices_are_gpus_of_their_catalog_model(kube, inventory_pass):
+    from clusters.models import GpuModel
+
+    GpuModel.objects.create(
+        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
+    )
+    seen = inventory_pass(kube, [ready(recorded_node("012"))])
+    assert (seen.gpus, seen.unknown_gpu_types) == (7, ())
+    node = orrery_node(kube, "dgx-a100-mig-001")
+    assert node.gpu_capacity == 7
+    assert node.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
+    assert {(g.model.slug, g.memory_mb) for g in node.gpus.all()} == {("a100-80g-mig-1g-10gb", 9728)}
+
+
+def test_cordon_then_uncordon_follows_kubernetes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    node = h100()
+    inventory_pass(kube, [node])
+    heartbeats_on_time()
+    node["spec"]["unschedulable"] = True
+    inventory_pass(kube, [node])
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (NodeState.CORDONED, "kubernetes: cordoned")
+    assert row.events.last().to_state == NodeState.CORDONED  # the log the scheduler's cache reads
+    del node["spec"]["unschedulable"]
+    inventory_pass(kube, [node])
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY  # back, on probation
+    heartbeats_on_time()
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
+
+
+def test_a_taint_cordons_and_its_removal_resumes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    node = h100()
+    inventory_pass(kube, [node])
+    heartbeats_on_time()
+    node["spec"]["taints"] = [{"key": "maintenance", "value": "bios", "effect": "NoExecute"}]
+    inventory_pass(kube, [node])
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (
+        NodeState.CORDONED,
+        "kubernetes: tainted maintenance=bios:NoExecute",
+    )
+    node["spec"]["taints"] = []
+    inventory_pass(kube, [node])
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY
+
+
+def test_an_operators_cordon_is_never_lifted_by_kubernetes(kube, inventory_pass, operator):
+    from clusters.choices import NodeState
+    from clusters.services.nodes import cordon_node
+
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    cordon_node(orrery_node(kube, "dgx-h100-001"), actor=operator, reason="bad fan")
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (NodeState.CORDONED, "bad fan")
+
+
+def test_a_node_going_not_ready_leaves_the_schedulers_snapshot_within_a_sync(kube, inventory_pass):
+    from scheduling.engine.cache import SchedulerCache
+
+    node = h100()
+    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    heartbeats_on_time()
+    cache = SchedulerCache()
+    snap = cache.ensure()
+    row = snap.row_of[orrery_node(kube, "dgx-h100-001").pk]
+    assert snap.ready[row]
+    node["status"]["conditions"][-1].update(status="Unknown", reason="NodeStatusUnknown")
+    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    assert not cache.ensure().ready[row]
+
+
+def test_foreign_pods_take_gpus_cpu_and_memory_away(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+    from scheduling.engine.cache import SchedulerCache
+
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    cache = SchedulerCache()
+    row = cache.ensure().row_of[orrery_node(kube, "dgx-h100-001").pk]
+    assert cache.snap.gpu_free[row] == 8
+    label = {"orrery.io/attempt-id": "7f0c"}
+    pods = [
+        pod("train", gpus=2, cpu="20", memory="100Gi"),
+        pod("impostor", gpus=1, labels=label),
+        pod("ours", gpus=4, namespace="orrery", labels=label),
+    ]
+    inventory_pass(kube, [h100()], pods)
+    node = orrery_node(kube, "dgx-h100-001")
+    unhealthy = {g.index: g.health_reason for g in node.gpus.filter(health=GpuHealth.UNHEALTHY)}
+    assert unhealthy == {i: "in use by pods Orrery did not place" for i in (5, 6, 7)}
+    assert node.cpu_millicores_allocatable == 222_000 - 21_000
+    assert node.memory_bytes_allocatable == 2102984852 * 1024 - 101 * 2**30
+    assert node.cpu_millicores_capacity == 222_000
+    assert cache.ensure().gpu_free[row] == 5  # the pod of Orrery's own is counted by its allocation
+    inventory_pass(kube, [h100()], [])
+    assert cache.ensure().gpu_free[row] == 8
+    assert orrery_node(kube, "dgx-h100-001").cpu_millicores_allocatable == 222_000
+
+
+def test_foreign_pods_never_take_a_gpu_orrery_holds(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+    from clusters.ports import ports_replaced
+
+    inventory_pass(kube, [h100()])
+    node = orrery_node(kube, "dgx-h100-001")
+    with ports_replaced(held_gpus=lambda ids: {node.pk: {7, 6}}):
+        inventory_pass(kube, [h100()], [pod("train", gpus=2)])
+    assert set(node.gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)) == {5, 4}
+
+
+def test_withdrawn_gpus_are_unhealthy_with_the_reason(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+
+    node = h100()
+    node["status"]["allocatable"][GPU] = "7"
+    inventory_pass(kube, [node])
+    gpus = orrery_node(kube, "dgx-h100-001").gpus
+    assert gpus.count() == 8
+    assert list(gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", "health_reason")) == [
+        (7, "not allocatable (withdrawn by the device plugin)")
+    ]
+
+
+def test_a_deleted_node_takes_the_node_loss_path(kube, inventory_pass, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from clusters.choices import NodeState
+    from clusters.ports import ports_replaced
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    names = [f"dgx-h100-{i:03}" for i in range(1, 5)]
+    inventory_pass(kube, [h100(n) for n in names])
+    heartbeats_on_time()
+    inventory_pass(kube, [h100(n) for n in names[1:]])  # dgx-h100-001 was deleted
+    gone = orrery_node(kube, "dgx-h100-001")
+    assert (gone.state, gone.state_reason) == (
+        NodeState.NOT_READY,
+        "kubernetes: node deleted, or no longer offers GPUs",
+    )
+    lost: list[int] = []
+    later = timezone.now() + timedelta(seconds=settings.NODE_FAILOVER_AFTER + 1)
+    inventory_pass(kube, [h100(n) for n in names[1:]])
+    with (
+        ports_replaced(node_lost=lambda ids: lost.extend(ids) or len(ids)),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        # the others heartbeat on: only the deleted one is silent long enough
+        from clusters.models import NodeLastSeen
+
+        NodeLastSeen.objects.exclude(node=gone).update(seen_at=later)
+        run_node_lifecycle(later)
+    assert lost == [gone.pk]
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.DOWN

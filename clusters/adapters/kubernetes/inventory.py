@@ -445,7 +445,7 @@ def _create_nodes(cluster: Cluster, views: list[NodeView], models: dict[str, Gpu
                 cluster=cluster,
                 name=v.name,
                 state=NodeState.NOT_READY,
-                state_reason="registered; waiting for heartbeats",
+                state_reason=v.reason if v.state == "not_ready" else "registered; waiting for heartbeats",
                 cpu_millicores_capacity=v.cpu_millicores,
                 cpu_millicores_allocatable=v.cpu_millicores,
                 memory_bytes_capacity=v.memory_bytes,
