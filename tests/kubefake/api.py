@@ -245,7 +245,7 @@ class Cluster:
             token_rv, start = decode_continue(continue_token)
             if token_rv == -1:
                 snapshot_rv = None
-            elif token_rv <= store.compacted:
+            elif token_rv < store.compacted:
                 raise errors.gone(
                     "The provided continue parameter is too old to display a consistent list result. You can start "  # noqa: E501 - the server's message, verbatim
                     "a new list without the continue parameter, or use the continue token in this response to "  # noqa: E501 - the server's message, verbatim
@@ -258,7 +258,7 @@ class Cluster:
                 snapshot_rv = token_rv
         elif rv not in (None, "") and rv_match == "Exact":
             wanted = int(rv)
-            if wanted <= store.compacted:
+            if wanted < store.compacted:
                 raise errors.gone("The resourceVersion for the provided list is too old.")
             snapshot_rv = wanted
         elif rv == "0":
