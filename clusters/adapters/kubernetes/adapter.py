@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -112,13 +112,7 @@ class KubernetesAdapter:
         them once Orrery has recorded their end is how finished Jobs are cleaned up)."""
         api = _api(cluster)
         jobs, pods = _watches(cluster, api)
-        by_attempt: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for pod in pods.objects().values():
-            by_attempt[(pod.get("metadata") or {}).get("labels", {}).get(LABEL_ATTEMPT, "")].append(pod)
-        found = {}
-        for job in jobs.objects().values():
-            attempt = (job.get("metadata") or {}).get("labels", {}).get(LABEL_ATTEMPT, "")
-            found[attempt] = job
+        found, by_attempt = group(jobs.objects().values(), pods.objects().values())
         asked = {w.attempt_id for w in works}
         states, output = [], []
         for work in works:
@@ -174,6 +168,26 @@ class KubernetesAdapter:
             except (ApiException, urllib3.exceptions.HTTPError) as exc:
                 log.warning("could not delete Job %s on %s: %s", name, cluster.name, describe(exc))
         return done
+
+
+def group(
+    jobs: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Jobs by attempt, and each attempt's pods: those its Job's controller made (the
+    ``batch.kubernetes.io/job-name`` label), not any pod that copied the attempt's label."""
+    found: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        attempt = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+        if attempt:
+            found[attempt] = job
+    names = {str(job["metadata"].get("name")): attempt for attempt, job in found.items()}
+    by_attempt: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        attempt = names.get(labels.get("batch.kubernetes.io/job-name", ""))
+        if attempt and labels.get(LABEL_ATTEMPT) == attempt:
+            by_attempt[attempt].append(pod)
+    return found, by_attempt
 
 
 def uid_for(cluster: Cluster, run_as: str | None) -> tuple[int, int]:

@@ -39,7 +39,7 @@ from typing import Any
 from clusters.adapters.base import Work
 
 LABEL_JOB = "orrery.io/job-id"
-LABEL_ATTEMPT = "orrery.io/attempt-id"
+LABEL_ATTEMPT = "orrery.io/attempt"
 LABEL_TAG = "orrery.io/tag"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "orrery"}
 CONTAINER = "main"
