@@ -1,0 +1,1 @@
+from tests.kubefake.plugin import kube, kube_client  # noqa: F401
