@@ -29,6 +29,12 @@ class GpuAllocation(Protocol):
         ...
 
 
+class HeldGpus(Protocol):
+    def __call__(self, node_ids: list[int]) -> dict[int, set[int]]:
+        """``{node id: indices of its GPUs held by active allocations}``."""
+        ...
+
+
 class NodeLostHandler(Protocol):
     def __call__(self, node_ids: list[int]) -> int:
         """Apply the failover policy of the jobs on nodes that just went down."""
@@ -54,6 +60,7 @@ class AgentReports(Protocol):
 class Ports:
     node_workload: NodeWorkload | None = None
     gpu_allocation: GpuAllocation | None = None
+    held_gpus: HeldGpus | None = None
     node_lost: NodeLostHandler | None = None
     agent_desired: AgentDesired | None = None
     agent_reports: AgentReports | None = None
@@ -85,6 +92,10 @@ def node_workload() -> NodeWorkload:
 
 def gpu_allocation() -> GpuAllocation:
     return port("gpu_allocation")
+
+
+def held_gpus() -> HeldGpus:
+    return port("held_gpus")
 
 
 def node_lost() -> NodeLostHandler:

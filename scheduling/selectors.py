@@ -341,6 +341,15 @@ def allocated_gpu_counts() -> dict[tuple[int, int], int]:
     return {(r["node__cluster_id"], r["gpu__model_id"]): r["n"] for r in rows}
 
 
+def held_gpu_indices(node_ids: Iterable[int]) -> dict[int, set[int]]:
+    """``{node id: indices of its GPUs held by active allocations}`` for the nodes given."""
+    held: dict[int, set[int]] = {}
+    rows = Allocation.objects.filter(node_id__in=list(node_ids), active=True, gpu__isnull=False)
+    for node_id, index in rows.values_list("node_id", "gpu__index"):
+        held.setdefault(node_id, set()).add(index)
+    return held
+
+
 def log_tail(job_id: int, lines: int) -> tuple[list[str], bool]:
     """The last ``lines`` lines of the job's latest attempt (all its nodes, by node name), and
     whether anything before them was left out."""

@@ -170,11 +170,13 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     and the GPU sums the roll-ups need — a fraction of the full record's size.
 
     ``fp`` is 32 hex characters: 16 for the node's facts (boot, agent version) then 16 for its
-    GPUs' (index, health, XID), so the aggregator can tell which rows need writing."""
+    GPUs' (index, health, XID, reason), so the aggregator can tell which rows need writing."""
     gpus = record["g"]
-    bad = [[g[0], g[9]] for g in gpus if g[8] != "healthy"]
+    # A collector may add an eleventh field, why the GPU may not be used (Kubernetes: held by a
+    # pod Orrery did not place); an agent's report never has it.
+    bad = [[g[0], g[9], *g[10:11]] for g in gpus if g[8] != "healthy"]
     node_facts = f"{record['b']}|{record['av']}".encode()
-    gpu_facts = ";".join(f"{i},{x}" for i, x in bad).encode() if bad else b""
+    gpu_facts = ";".join(",".join(map(str, b)) for b in bad).encode() if bad else b""
     utils = [g[5] for g in gpus if g[5] is not None]
     return {
         "n": record["n"],

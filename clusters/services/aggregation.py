@@ -173,7 +173,7 @@ def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
     """Node boot/agent facts, and GPU health, for the nodes whose facts changed."""
     nodes = [(r["n"], r["b"], r["av"]) for r, node_changed, _ in changed if node_changed]
     gpu_nodes = [r["n"] for r, _, gpus_changed in changed if gpus_changed]
-    unhealthy = [(r["n"], i, xid) for r, _, gpus_changed in changed if gpus_changed for i, xid in r["bad"]]
+    unhealthy = [(r["n"], bad) for r, _, gpus_changed in changed if gpus_changed for bad in r["bad"]]
     with connection.cursor() as cursor:
         for node_id, boot, agent in nodes if not is_postgresql() else ():
             cursor.execute(
@@ -194,19 +194,26 @@ def _write_changed(changed: list[tuple[Record, bool, bool]]) -> None:
                 ],
             )
     if gpu_nodes:
-        _write_gpu_health(gpu_nodes, {(n, i): xid for n, i, xid in unhealthy})
+        _write_gpu_health(gpu_nodes, {(n, bad[0]): (bad[1], *bad[2:3]) for n, bad in unhealthy})
 
 
-def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], int | None]) -> None:
+def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], tuple[int | None, ...]]) -> None:
     """Set GPU health to what the nodes report, and log each change as a NodeEvent: the event
-    log is how the scheduler's cache learns that a GPU may no longer (or may again) be used."""
-    current = GpuDevice.objects.filter(node_id__in=node_ids).values_list("pk", "node_id", "index", "health")
+    log is how the scheduler's cache learns that a GPU may no longer (or may again) be used.
+    ``unhealthy`` maps ``(node, index)`` to ``(XID,)`` or ``(XID, reason)``."""
+    current = GpuDevice.objects.filter(node_id__in=node_ids).values_list(
+        "pk", "node_id", "index", "health", "health_reason"
+    )
     changes: dict[int, list[str]] = defaultdict(list)
-    for pk, node_id, index, health in current:
+    for pk, node_id, index, health, current_reason in current:
         bad = (node_id, index) in unhealthy
-        if bad and health != GpuHealth.UNHEALTHY:
-            xid = unhealthy[(node_id, index)]
-            reason = f"reported unhealthy (XID {xid})" if xid is not None else "reported unhealthy"
+        if bad:
+            xid, *why = unhealthy[(node_id, index)]
+            reason = why[0] if why and why[0] else "reported unhealthy"
+            reason = f"{reason} (XID {xid})" if xid is not None else reason
+        # A collector's reason may change while the GPU stays unusable (withdrawn, then held by
+        # a pod): the row and the history follow it.
+        if bad and (health != GpuHealth.UNHEALTHY or (why and reason != current_reason)):
             GpuDevice.objects.filter(pk=pk).update(
                 health=GpuHealth.UNHEALTHY,
                 health_reason=reason,

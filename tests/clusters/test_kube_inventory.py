@@ -1,0 +1,539 @@
+"""A Kubernetes cluster's inventory: the pure mapping of node and pod JSON (on nodes recorded
+from a real kube-apiserver, ``tests/kubefake/recordings``), then the pass through the fake API
+server into Orrery's nodes, the heartbeat pipeline and the scheduler's cache."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusters.adapters.kubernetes.inventory import (
+    GPU,
+    RESOURCE_LABEL,
+    GpuCatalog,
+    GpuOffer,
+    foreign_usage,
+    gpu_offer,
+    is_orrery_pod,
+    node_state,
+    node_view,
+    normalise,
+    pod_requests,
+    quantity,
+    unavailable_gpus,
+)
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "kubefake" / "recordings"
+
+
+def recorded_node(name: str) -> dict[str, Any]:
+    """The node as the server last answered it in the recording ``name`` (010–017)."""
+    data = json.loads(next(RECORDINGS.glob(f"{name}-*.json")).read_text())
+    exchanges = data.get("exchanges") or [data]
+    return copy.deepcopy(exchanges[-1]["response"]["body"])
+
+
+def ready(node: dict[str, Any]) -> dict[str, Any]:
+    """As the node-lifecycle controller of a real cluster leaves a Ready node: without the
+    ``not-ready`` taint that the recording's controller-less server kept."""
+    node["spec"]["taints"] = [
+        t for t in node["spec"].get("taints", []) if t["key"] != "node.kubernetes.io/not-ready"
+    ]
+    return node
+
+
+def pod(
+    name: str,
+    node: str = "dgx-h100-001",
+    *,
+    namespace: str = "research",
+    gpus: int = 0,
+    phase: str = "Running",
+    labels: dict[str, str] | None = None,
+    cpu: str = "1",
+    memory: str = "1Gi",
+    init_gpus: int = 0,
+) -> dict[str, Any]:
+    limits = {GPU: str(gpus)} if gpus else {}
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [
+            {"name": "main", "resources": {"limits": limits, "requests": {"cpu": cpu, "memory": memory}}}
+        ],
+    }
+    if init_gpus:
+        spec["initContainers"] = [{"name": "init", "resources": {"limits": {GPU: str(init_gpus)}}}]
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+# --- quantities and names ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "scale", "expected"),
+    [
+        ("222", 1000, 222_000),
+        ("500m", 1000, 500),
+        ("2102984852Ki", 1, 2102984852 * 1024),
+        ("1Gi", 1, 2**30),
+        (None, 1, 0),
+        ("", 1, 0),
+        ("nonsense", 1, 0),
+        ("-3", 1, 0),
+    ],
+    ids=["cores", "millicores", "Ki", "Gi", "none", "empty", "nonsense", "negative"],
+)
+def test_quantities(value, scale, expected):
+    assert quantity(value, scale) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("NVIDIA-H100-80GB-HBM3", "nvidia h100 80gb hbm3"),
+        ("NVIDIA H100 80GB HBM3", "nvidia h100 80gb hbm3"),
+        ("NVIDIA-A100-SXM4-80GB-SHARED", "nvidia a100 sxm4 80gb"),
+        ("a100-80g", "a100 80g"),
+    ],
+    ids=["gfd", "nvidia-smi", "time-sliced", "slug"],
+)
+def test_product_names_compare_alike(raw, expected):
+    assert normalise(raw) == expected
+
+
+# --- nodes ------------------------------------------------------------------------------------
+def test_h100_node_offers_eight_gpus_with_its_labels():
+    view = node_view(ready(recorded_node("011")))
+    assert view is not None
+    assert view.name == "dgx-h100-001"
+    assert view.offer == GpuOffer(GPU, "NVIDIA-H100-80GB-HBM3", 8, 8)
+    assert view.cpu_millicores == 222_000
+    assert view.memory_bytes == 2102984852 * 1024
+    assert view.gpu_memory_mb == 81559
+    assert (view.state, view.reason) == ("ready", "")
+    assert view.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert view.labels[RESOURCE_LABEL] == GPU
+    assert view.boot_id == "9b0e8a52-61c4-4f0e-a0a7-4a4e0d6a3c11"
+
+
+def test_mig_node_offers_its_slices_not_the_zero_full_gpus():
+    view = node_view(ready(recorded_node("012")))
+    assert view is not None
+    assert view.offer == GpuOffer(
+        "nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb"
+    )
+    assert view.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
+    assert view.gpu_memory_mb == 0  # the label is the whole GPU's; a slice's comes from the catalog
+
+
+def test_node_registered_without_status_offers_nothing():
+    assert node_view(recorded_node("010")) is None  # 010: created, no capacity yet
+
+
+def test_node_without_nvidia_resources_is_not_orrerys():
+    node = ready(recorded_node("011"))
+    for key in ("capacity", "allocatable"):
+        del node["status"][key]["nvidia.com/gpu"]
+    assert node_view(node) is None
+
+
+def test_withdrawn_gpus_keep_their_devices_and_are_not_allocatable():
+    node = ready(recorded_node("011"))
+    node["status"]["allocatable"][GPU] = "6"  # the device plugin found two unhealthy
+    assert gpu_offer(node) == GpuOffer(GPU, "NVIDIA-H100-80GB-HBM3", 8, 6)
+
+
+def test_not_ready_node_says_why():
+    state, reason = node_state(recorded_node("013"))
+    assert state == "not_ready"
+    assert reason.startswith("kubernetes: Ready=False (KubeletNotReady: container runtime network not ready")
+
+
+def test_node_without_ready_condition_is_not_ready():
+    node = ready(recorded_node("011"))
+    node["status"]["conditions"] = [c for c in node["status"]["conditions"] if c["type"] != "Ready"]
+    assert node_state(node) == ("not_ready", "kubernetes: no Ready condition")
+
+
+def test_cordoned_node():
+    node = recorded_node("016")  # cordoned while NotReady: NotReady wins (the node-loss path)
+    assert node_state(node)[0] == "not_ready"
+    node["status"]["conditions"][-1]["status"] = "True"
+    assert node_state(ready(node)) == ("cordoned", "kubernetes: cordoned")
+
+
+@pytest.mark.parametrize(
+    ("taint", "tolerated", "expected"),
+    [
+        ({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}, (), "ready"),
+        ({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}, (), "ready"),
+        ({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}, (), "ready"),
+        ({"key": "maintenance", "value": "bios", "effect": "NoSchedule"}, (), "cordoned"),
+        ({"key": "maintenance", "effect": "NoExecute"}, (), "cordoned"),
+        ({"key": "maintenance", "effect": "PreferNoSchedule"}, (), "ready"),
+        ({"key": "dedicated", "value": "ml", "effect": "NoSchedule"}, ("dedicated",), "ready"),
+    ],
+    ids=[
+        "gpu-taint-tolerated-by-admission",
+        "condition-taint-left-to-condition",
+        "unreachable-left-to-condition",
+        "noschedule",
+        "noexecute",
+        "prefer-is-not-a-block",
+        "configured-toleration",
+    ],
+)
+def test_taints(taint, tolerated, expected):
+    node = ready(recorded_node("017"))  # 017: the MIG node, Ready, with nvidia.com/gpu tainted
+    node["spec"]["taints"] = [taint]
+    state, reason = node_state(node, tolerated)
+    assert state == expected
+    if expected == "cordoned":
+        assert reason.startswith(f"kubernetes: tainted {taint['key']}")
+        assert taint["effect"] in reason
+
+
+def test_recorded_gpu_taint_leaves_the_mig_node_schedulable():
+    assert node_state(ready(recorded_node("017"))) == ("ready", "")
+
+
+# --- the catalog ------------------------------------------------------------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("offer", "slug"),
+    [
+        (GpuOffer(GPU, "NVIDIA-H100-80GB-HBM3", 8, 8), "h100-80g"),
+        (GpuOffer(GPU, "NVIDIA-A100-SXM4-80GB", 8, 8), "a100-80g"),
+        (GpuOffer(GPU, "NVIDIA-A100-SXM4-80GB-SHARED", 8, 8), "a100-80g"),
+        (GpuOffer(GPU, "NVIDIA-B200", 8, 8), None),
+        (GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb"), None),
+    ],
+    ids=["h100", "a100", "time-sliced", "unknown-product", "mig-without-catalog-entry"],
+)
+def test_catalog_resolves_gfd_products(offer, slug):
+    model = GpuCatalog.load().resolve(offer)
+    assert (model.slug if model else None) == slug
+
+
+@pytest.mark.django_db
+def test_catalog_resolves_a_mig_profile_it_has():
+    from clusters.models import GpuModel, GpuModelAlias
+
+    mig = GpuModel.objects.create(
+        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
+    )
+    catalog = GpuCatalog.load()
+    offer = GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb")
+    assert catalog.resolve(offer) == mig  # by the base product's slug
+    other = GpuModel.objects.create(slug="mig-small", name="MIG small", memory_mb=9728, tdp_watts=57)
+    GpuModelAlias.objects.create(gpu_model=other, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", kind="product")
+    assert GpuCatalog.load().resolve(offer) == other  # by the product name nvidia-smi reports
+
+
+# --- pods -------------------------------------------------------------------------------------
+def test_pod_requests_add_containers_and_take_the_largest_init_container():
+    p = pod("a", gpus=2, init_gpus=4, cpu="500m")
+    p["spec"]["containers"].append({"name": "side", "resources": {"requests": {"cpu": "250m"}}})
+    requests = pod_requests(p)
+    assert requests[GPU] == 4
+    assert requests["cpu"] * 1000 == 750
+
+
+def test_orrery_pods_are_those_in_its_namespace_with_its_label():
+    label = {"orrery.io/attempt-id": "7f0c"}
+    assert is_orrery_pod(pod("ours", namespace="orrery", labels=label), "orrery")
+    assert not is_orrery_pod(pod("no-label", namespace="orrery"), "orrery")
+    assert not is_orrery_pod(pod("impostor", namespace="research", labels=label), "orrery")
+
+
+def test_foreign_usage_counts_bound_unfinished_pods_that_are_not_orrerys():
+    label = {"orrery.io/attempt-id": "7f0c"}
+    pods = [
+        pod("train", gpus=2, cpu="4", memory="8Gi"),
+        pod("impostor", gpus=1, labels=label),  # Orrery's label, not Orrery's namespace
+        pod("ours", gpus=4, namespace="orrery", labels=label),
+        pod("done", gpus=8, phase="Succeeded"),
+        pod("failed", gpus=8, phase="Failed"),
+        pod("unbound", node="", gpus=8, phase="Pending"),
+        pod("elsewhere", node="dgx-h100-002", gpus=1, phase="Pending"),
+    ]
+    usage = foreign_usage(pods, "orrery")
+    h1 = usage["dgx-h100-001"]
+    assert h1.resources[GPU] == 3
+    assert h1.cpu_millicores == 5000
+    assert h1.memory_bytes == 9 * 2**30
+    assert sorted(h1.pods) == ["research/impostor", "research/train"]
+    assert usage["dgx-h100-002"].resources[GPU] == 1
+
+
+@pytest.mark.parametrize(
+    ("capacity", "allocatable", "foreign", "held", "expected"),
+    [
+        (8, 8, 0, set(), {}),
+        (8, 8, 2, set(), {7: "foreign", 6: "foreign"}),
+        (8, 8, 2, {7, 5}, {6: "foreign", 4: "foreign"}),
+        (8, 6, 1, set(), {7: "withdrawn", 6: "withdrawn", 5: "foreign"}),
+        (2, 2, 5, {0}, {1: "foreign"}),
+    ],
+    ids=["nothing", "top-indices", "skips-orrerys", "withdrawn-first", "never-more-than-there-are"],
+)
+def test_unavailable_gpus(capacity, allocatable, foreign, held, expected):
+    out = unavailable_gpus(GpuOffer(GPU, "x", capacity, allocatable), foreign, held)
+    words = {
+        "foreign": "in use by pods Orrery did not place",
+        "withdrawn": "not allocatable (withdrawn by the device plugin)",
+    }
+    assert out == {i: words[w] for i, w in expected.items()}
+
+
+# --- into Orrery: nodes, the heartbeat pipeline, the scheduler's cache ---------------------------
+def h100(name: str = "dgx-h100-001") -> dict[str, Any]:
+    node = ready(recorded_node("011"))
+    node["metadata"]["name"] = node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    return node
+
+
+@pytest.fixture
+def kube(db):
+    from tests.factories import ensure_catalog, make_cluster
+
+    ensure_catalog()
+    return make_cluster("kube-a", kind="kubernetes", config={"namespace": "orrery"})
+
+
+@pytest.fixture
+def inventory_pass(django_capture_on_commit_callbacks):
+    """One pass as the periodic task runs it, then the aggregation pass that follows it."""
+    from clusters.adapters.kubernetes.inventory import apply_inventory
+    from clusters.services.aggregation import flush_heartbeats
+
+    def run(cluster, nodes, pods=()):
+        with django_capture_on_commit_callbacks(execute=True):
+            seen = apply_inventory(cluster, nodes, pods)
+        flush_heartbeats()
+        return seen
+
+    return run
+
+
+def heartbeats_on_time() -> None:
+    """The lifecycle, NODE_RECOVERY seconds on: nodes heartbeating since are ready."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    run_node_lifecycle(timezone.now() + timedelta(seconds=settings.NODE_RECOVERY + 1))
+
+
+def orrery_node(cluster, name: str):
+    return cluster.nodes.get(name=name)
+
+
+def test_first_pass_creates_the_gpu_nodes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    mig = ready(recorded_node("012"))
+    seen = inventory_pass(kube, [h100(), mig, recorded_node("013")])
+    assert (seen.nodes, seen.gpus) == (3, 16)
+    assert seen.unknown_gpu_types == ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb",)
+    node = orrery_node(kube, "dgx-h100-001")
+    assert node.gpu_capacity == 8
+    assert {g.model.slug for g in node.gpus.all()} == {"h100-80g"}
+    assert node.gpus.first().memory_mb == 81559
+    assert node.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert node.labels[RESOURCE_LABEL] == GPU
+    assert "nvidia.com/gfd.timestamp" not in node.labels  # changes every GFD run: not copied
+    assert node.cpu_millicores_allocatable == 222_000
+    assert orrery_node(kube, "dgx-a100-mig-001").gpu_capacity == 0  # no catalog entry for the slice
+    not_ready = orrery_node(kube, "dgx-h100-002")
+    assert not_ready.state == NodeState.NOT_READY
+    assert not_ready.state_reason.startswith("kubernetes: Ready=False (KubeletNotReady")
+    heartbeats_on_time()
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
+    assert orrery_node(kube, "dgx-a100-mig-001").state == NodeState.READY
+    assert orrery_node(kube, "dgx-h100-002").state == NodeState.NOT_READY  # no heartbeat: kubelet not ready
+
+
+def test_a_pass_that_sees_nothing_new_writes_no_node_rows(
+    kube, inventory_pass, django_assert_max_num_queries
+):
+    from clusters.adapters.kubernetes.inventory import apply_inventory
+
+    nodes = [h100(f"dgx-h100-{i:03}") for i in range(20)]
+    inventory_pass(kube, nodes)
+    with django_assert_max_num_queries(8):  # reads, no writes, whatever the number of nodes
+        apply_inventory(kube, nodes, [])
+
+
+def test_mig_slices_are_gpus_of_their_catalog_model(kube, inventory_pass):
+    from clusters.models import GpuModel
+
+    GpuModel.objects.create(
+        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
+    )
+    seen = inventory_pass(kube, [ready(recorded_node("012"))])
+    assert (seen.gpus, seen.unknown_gpu_types) == (7, ())
+    node = orrery_node(kube, "dgx-a100-mig-001")
+    assert node.gpu_capacity == 7
+    assert node.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
+    assert {(g.model.slug, g.memory_mb) for g in node.gpus.all()} == {("a100-80g-mig-1g-10gb", 9728)}
+
+
+def test_cordon_then_uncordon_follows_kubernetes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    node = h100()
+    inventory_pass(kube, [node])
+    heartbeats_on_time()
+    node["spec"]["unschedulable"] = True
+    inventory_pass(kube, [node])
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (NodeState.CORDONED, "kubernetes: cordoned")
+    assert row.events.last().to_state == NodeState.CORDONED  # the log the scheduler's cache reads
+    del node["spec"]["unschedulable"]
+    inventory_pass(kube, [node])
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY  # back, on probation
+    heartbeats_on_time()
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
+
+
+def test_a_taint_cordons_and_its_removal_resumes(kube, inventory_pass):
+    from clusters.choices import NodeState
+
+    node = h100()
+    inventory_pass(kube, [node])
+    heartbeats_on_time()
+    node["spec"]["taints"] = [{"key": "maintenance", "value": "bios", "effect": "NoExecute"}]
+    inventory_pass(kube, [node])
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (
+        NodeState.CORDONED,
+        "kubernetes: tainted maintenance=bios:NoExecute",
+    )
+    node["spec"]["taints"] = []
+    inventory_pass(kube, [node])
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY
+
+
+def test_an_operators_cordon_is_never_lifted_by_kubernetes(kube, inventory_pass, operator):
+    from clusters.choices import NodeState
+    from clusters.services.nodes import cordon_node
+
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    cordon_node(orrery_node(kube, "dgx-h100-001"), actor=operator, reason="bad fan")
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    row = orrery_node(kube, "dgx-h100-001")
+    assert (row.state, row.state_reason) == (NodeState.CORDONED, "bad fan")
+
+
+def test_a_node_going_not_ready_leaves_the_schedulers_snapshot_within_a_sync(kube, inventory_pass):
+    from scheduling.engine.cache import SchedulerCache
+
+    node = h100()
+    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    heartbeats_on_time()
+    cache = SchedulerCache()
+    snap = cache.ensure()
+    row = snap.row_of[orrery_node(kube, "dgx-h100-001").pk]
+    assert snap.ready[row]
+    node["status"]["conditions"][-1].update(status="Unknown", reason="NodeStatusUnknown")
+    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    assert not cache.ensure().ready[row]
+
+
+def test_foreign_pods_take_gpus_cpu_and_memory_away(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+    from scheduling.engine.cache import SchedulerCache
+
+    inventory_pass(kube, [h100()])
+    heartbeats_on_time()
+    cache = SchedulerCache()
+    row = cache.ensure().row_of[orrery_node(kube, "dgx-h100-001").pk]
+    assert cache.snap.gpu_free[row] == 8
+    label = {"orrery.io/attempt-id": "7f0c"}
+    pods = [
+        pod("train", gpus=2, cpu="20", memory="100Gi"),
+        pod("impostor", gpus=1, labels=label),
+        pod("ours", gpus=4, namespace="orrery", labels=label),
+    ]
+    inventory_pass(kube, [h100()], pods)
+    node = orrery_node(kube, "dgx-h100-001")
+    unhealthy = {g.index: g.health_reason for g in node.gpus.filter(health=GpuHealth.UNHEALTHY)}
+    assert unhealthy == {i: "in use by pods Orrery did not place" for i in (5, 6, 7)}
+    assert node.cpu_millicores_allocatable == 222_000 - 21_000
+    assert node.memory_bytes_allocatable == 2102984852 * 1024 - 101 * 2**30
+    assert node.cpu_millicores_capacity == 222_000
+    assert cache.ensure().gpu_free[row] == 5  # the pod of Orrery's own is counted by its allocation
+    inventory_pass(kube, [h100()], [])
+    assert cache.ensure().gpu_free[row] == 8
+    assert orrery_node(kube, "dgx-h100-001").cpu_millicores_allocatable == 222_000
+
+
+def test_foreign_pods_never_take_a_gpu_orrery_holds(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+    from clusters.ports import ports_replaced
+
+    inventory_pass(kube, [h100()])
+    node = orrery_node(kube, "dgx-h100-001")
+    with ports_replaced(held_gpus=lambda ids: {node.pk: {7, 6}}):
+        inventory_pass(kube, [h100()], [pod("train", gpus=2)])
+    assert set(node.gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)) == {5, 4}
+
+
+def test_withdrawn_gpus_are_unhealthy_with_the_reason(kube, inventory_pass):
+    from clusters.choices import GpuHealth
+
+    node = h100()
+    node["status"]["allocatable"][GPU] = "7"
+    inventory_pass(kube, [node])
+    gpus = orrery_node(kube, "dgx-h100-001").gpus
+    assert gpus.count() == 8
+    assert list(gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", "health_reason")) == [
+        (7, "not allocatable (withdrawn by the device plugin)")
+    ]
+
+
+def test_a_deleted_node_takes_the_node_loss_path(kube, inventory_pass, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from clusters.choices import NodeState
+    from clusters.ports import ports_replaced
+    from clusters.services.lifecycle import run_node_lifecycle
+
+    names = [f"dgx-h100-{i:03}" for i in range(1, 5)]
+    inventory_pass(kube, [h100(n) for n in names])
+    heartbeats_on_time()
+    inventory_pass(kube, [h100(n) for n in names[1:]])  # dgx-h100-001 was deleted
+    gone = orrery_node(kube, "dgx-h100-001")
+    assert (gone.state, gone.state_reason) == (
+        NodeState.NOT_READY,
+        "kubernetes: node deleted, or no longer offers GPUs",
+    )
+    lost: list[int] = []
+    later = timezone.now() + timedelta(seconds=settings.NODE_FAILOVER_AFTER + 1)
+    inventory_pass(kube, [h100(n) for n in names[1:]])
+    with (
+        ports_replaced(node_lost=lambda ids: lost.extend(ids) or len(ids)),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        # the others heartbeat on: only the deleted one is silent long enough
+        from clusters.models import NodeLastSeen
+
+        NodeLastSeen.objects.exclude(node=gone).update(seen_at=later)
+        run_node_lifecycle(later)
+    assert lost == [gone.pk]
+    assert orrery_node(kube, "dgx-h100-001").state == NodeState.DOWN
