@@ -102,6 +102,16 @@ def test_what_can_never_run_is_refused(fields, why):
         job_manifest(work(**fields), "t0", uid=1000, gid=1000)
 
 
+def test_a_mig_node_is_asked_for_its_own_resource_and_the_clusters_tolerated_taints_are_tolerated():
+    job = job_manifest(
+        work(), "t0", uid=1000, gid=1000, gpu_resource="nvidia.com/mig-1g.10gb", tolerated=["dedicated"]
+    )
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "2"
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
+
+
 def test_an_image_without_a_script_runs_its_own_command():
     container = job_manifest(work(script=""), "t0", uid=1000, gid=1000)["spec"]["template"]["spec"][
         "containers"

@@ -14,6 +14,7 @@ import pytest
 
 from clusters.adapters.base import Phase
 from clusters.adapters.kubernetes.adapter import group
+from clusters.adapters.kubernetes.manifests import LABEL_ATTEMPT
 from clusters.adapters.kubernetes.states import attempt_state
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "kubefake" / "recordings"
@@ -122,6 +123,18 @@ def test_a_pod_lost_with_its_node_waits_for_node_loss_handling_instead_of_failin
         assert state.phase is Phase.RUNNING and "left the Kubernetes cluster" in state.message
 
 
+def test_a_job_failed_after_its_node_left_waits_for_node_loss_handling_even_with_its_pod_gone():
+    failed = job_with([("FailureTarget", "BackoffLimitExceeded"), ("Failed", "BackoffLimitExceeded")])
+    state = attempt_state("a1", failed, [], nodes=("dgx-h100-001",), gone_nodes=("dgx-h100-001",))
+    assert state.phase is Phase.RUNNING and "dgx-h100-001 left" in state.message
+    assert (
+        attempt_state("a1", failed, [], nodes=("dgx-h100-001",), gone_nodes=("other",)).phase is Phase.FAILED
+    )
+    done = job_with([("SuccessCriteriaMet", "CompletionsReached"), ("Complete", "CompletionsReached")])
+    gone = attempt_state("a1", done, [], nodes=("dgx-h100-001",), gone_nodes=("dgx-h100-001",))
+    assert gone.phase is Phase.SUCCEEDED  # what finished before the node left stays finished
+
+
 def test_a_job_gone_fails_once_recorded_and_says_nothing_before():
     assert attempt_state("a1", None, [], remote_id="orrery-a1").phase is Phase.FAILED
     assert attempt_state("a1", None, []) is None
@@ -129,7 +142,8 @@ def test_a_job_gone_fails_once_recorded_and_says_nothing_before():
 
 def test_the_recorded_watches_replayed_give_each_attempt_its_states_in_order():
     """059: the pod and Job watches across 041–073, merged in resourceVersion order, as the
-    adapter's informers would hold them."""
+    adapter's informers would hold them. (The recording names the attempt label
+    ``orrery.io/attempt``; it is read here under the adapter's name for it.)"""
     (path,) = RECORDINGS.glob("059-*.json")
     events = [
         (int(ev["object"]["metadata"]["resourceVersion"]), i, ev)
@@ -141,6 +155,9 @@ def test_the_recorded_watches_replayed_give_each_attempt_its_states_in_order():
     phases: dict[str, list[Phase]] = {}
     for _, _, ev in sorted(events, key=lambda e: (e[0], e[1])):
         obj = ev["object"]
+        labels = obj["metadata"].get("labels") or {}
+        if "orrery.io/attempt" in labels:
+            labels[LABEL_ATTEMPT] = labels.pop("orrery.io/attempt")
         store = stores[obj["kind"]]
         if ev["type"] == "DELETED":
             store.pop(obj["metadata"]["name"], None)

@@ -36,6 +36,8 @@ from clusters.adapters.base import (
     Work,
 )
 from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, connection_from, namespace_of
+from clusters.adapters.kubernetes.informer import watched
+from clusters.adapters.kubernetes.inventory import GPU, RESOURCE_LABEL, VANISHED, take_inventory
 from clusters.adapters.kubernetes.manifests import (
     CONTAINER,
     LABEL_ATTEMPT,
@@ -48,7 +50,7 @@ from clusters.adapters.kubernetes.manifests import (
 from clusters.adapters.kubernetes.states import attempt_state
 from clusters.adapters.slurm.tags import cluster_tag
 from clusters.choices import ClusterKind, Identity
-from clusters.models import Cluster, ClusterSecret
+from clusters.models import Cluster, ClusterSecret, Node
 
 log = logging.getLogger(__name__)
 LOG_LIMIT = 1 << 20  # the first MiB of each pod's output is copied (JobLog keeps one MiB per node)
@@ -73,8 +75,6 @@ class KubernetesAdapter:
     sync_every_s: ClassVar[float | None] = 2.0  # a pass reads the watches' local store only
 
     def inventory(self, cluster: Cluster) -> Inventory:
-        from clusters.adapters.kubernetes.inventory import take_inventory
-
         return take_inventory(cluster, _api(cluster))
 
     def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
@@ -85,10 +85,19 @@ class KubernetesAdapter:
         api = _api(cluster)
         namespace, tag = namespace_of(cluster), cluster_tag(cluster)
         batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
+        resources = _gpu_resources(cluster, works)
+        tolerated = [str(k) for k in cluster.config.get("tolerated_taints") or ()]
         for work in works:
             try:
                 uid, gid = uid_for(cluster, work.run_as)
-                job = job_manifest(work, tag, uid=uid, gid=gid)
+                job = job_manifest(
+                    work,
+                    tag,
+                    uid=uid,
+                    gid=gid,
+                    gpu_resource=resources.get(work.nodes[0] if work.shares else "", GPU),
+                    tolerated=tolerated,
+                )
                 service = service_manifest(work, tag) if len(work.shares) > 1 else None
             except (NoAccount, ManifestError) as exc:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
@@ -113,6 +122,7 @@ class KubernetesAdapter:
         api = _api(cluster)
         jobs, pods = _watches(cluster, api)
         found, by_attempt = group(jobs.objects().values(), pods.objects().values())
+        gone = _gone_nodes(cluster, works)
         asked = {w.attempt_id for w in works}
         states, output = [], []
         for work in works:
@@ -120,7 +130,12 @@ class KubernetesAdapter:
             if job is None and work.remote_id:
                 job = _read_job(api, cluster, work.remote_id)  # created after the watch's last event?
             state = attempt_state(
-                work.attempt_id, job, by_attempt.get(work.attempt_id, []), remote_id=work.remote_id
+                work.attempt_id,
+                job,
+                by_attempt.get(work.attempt_id, []),
+                remote_id=work.remote_id,
+                nodes=work.nodes,
+                gone_nodes=gone,
             )
             if state is None:
                 continue
@@ -222,6 +237,25 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _gpu_resources(cluster: Cluster, works: Sequence[Work]) -> dict[str, str]:
+    """The GPU resource each node offers Orrery (the inventory's ``orrery.io/gpu-resource``)."""
+    names = {n for w in works for n in w.nodes}
+    rows = Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "labels")
+    return {name: (labels or {}).get(RESOURCE_LABEL) or GPU for name, labels in rows}
+
+
+def _gone_nodes(cluster: Cluster, works: Sequence[Work]) -> set[str]:
+    """The attempts' nodes the inventory saw leave the cluster (deleted, or no GPUs any more)."""
+    names = {n for w in works for n in w.nodes}
+    if not names:
+        return set()
+    return set(
+        Node.objects.filter(cluster=cluster, name__in=names, state_reason=VANISHED).values_list(
+            "name", flat=True
+        )
+    )
+
+
 def _api(cluster: Cluster) -> k8s.ApiClient:
     try:
         return api_for(cluster)
@@ -232,8 +266,6 @@ def _api(cluster: Cluster) -> k8s.ApiClient:
 def _watches(cluster: Cluster, api: k8s.ApiClient) -> tuple[Any, Any]:
     """The running Job and pod informers of this cluster's tag (started on first use); raises
     ``AdapterError`` while they have not listed yet."""
-    from clusters.adapters.kubernetes.informer import watched
-
     namespace, tag = namespace_of(cluster), cluster_tag(cluster)
     generation = _generation(cluster)
     batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)

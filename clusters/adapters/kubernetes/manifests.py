@@ -34,12 +34,13 @@ comes from the job alone plus the ``ORRERY_*`` names, never from the control pla
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from clusters.adapters.base import Work
 
 LABEL_JOB = "orrery.io/job-id"
-LABEL_ATTEMPT = "orrery.io/attempt"
+LABEL_ATTEMPT = "orrery.io/attempt-id"
 LABEL_TAG = "orrery.io/tag"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "orrery"}
 CONTAINER = "main"
@@ -69,8 +70,18 @@ def labels(work: Work, tag: str) -> dict[str, str]:
     return {LABEL_JOB: str(work.job_id), LABEL_ATTEMPT: work.attempt_id, LABEL_TAG: tag, **MANAGED_BY}
 
 
-def job_manifest(work: Work, tag: str, *, uid: int, gid: int) -> dict[str, Any]:
-    """The Job of an attempt, run as ``uid``/``gid`` (never 0). Raises ``ManifestError``."""
+def job_manifest(
+    work: Work,
+    tag: str,
+    *,
+    uid: int,
+    gid: int,
+    gpu_resource: str = "nvidia.com/gpu",
+    tolerated: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The Job of an attempt, run as ``uid``/``gid`` (never 0), asking for its GPUs as
+    ``gpu_resource`` (a MIG node offers ``nvidia.com/mig-<profile>``; the inventory says which
+    in the node label ``orrery.io/gpu-resource``). Raises ``ManifestError``."""
     if not work.image:
         raise ManifestError("a Kubernetes cluster runs container images only: this job gives no image")
     if not work.shares:
@@ -91,9 +102,14 @@ def job_manifest(work: Work, tag: str, *, uid: int, gid: int) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "affinity": {"nodeAffinity": _on_nodes(work.nodes)},
-        # GPU nodes commonly carry this taint so that only GPU pods land there.
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [_container(work, name)],
+        # GPU nodes commonly carry this taint so that only GPU pods land there; the cluster's
+        # ``tolerated_taints`` are those its operator lets Orrery's pods run under (the
+        # inventory does not count them as a cordon either).
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *({"key": str(key), "operator": "Exists"} for key in tolerated),
+        ],
+        "containers": [_container(work, name, gpu_resource)],
     }
     spec: dict[str, Any] = {"backoffLimit": 0, "template": {"metadata": {"labels": meta}, "spec": pod_spec}}
     if work.time_limit_s:
@@ -143,7 +159,7 @@ def _on_nodes(nodes: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def _container(work: Work, name: str) -> dict[str, Any]:
+def _container(work: Work, name: str, gpu_resource: str) -> dict[str, Any]:
     gpus = work.gpus_per_node
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -154,7 +170,7 @@ def _container(work: Work, name: str) -> dict[str, Any]:
         # starving its neighbours. CPU is not limited: throttling a GPU feeder wastes the GPUs.
         requests["memory"] = limits["memory"] = str(work.memory_bytes)
     if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)  # extended resources: requests default to limits
+        limits[gpu_resource] = str(gpus)  # extended resources: requests default to limits
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": work.image,

@@ -55,10 +55,13 @@ def attempt_state(
     pods: Sequence[dict[str, Any]],
     *,
     remote_id: str = "",
+    nodes: Iterable[str] = (),
     gone_nodes: Iterable[str] = (),
 ) -> RemoteState | None:
     """The state of one attempt from its Job and its pods. None when nothing is known yet (no
-    Job seen and none recorded: a delivery may be on its way)."""
+    Job seen and none recorded: a delivery may be on its way). ``nodes`` are the attempt's
+    nodes, ``gone_nodes`` those the cluster no longer has: a Job that did not succeed with one
+    of its nodes gone waits for node loss handling (its pods may be gone already)."""
     gone = frozenset(gone_nodes)
     if job is None:
         if remote_id:
@@ -67,22 +70,24 @@ def attempt_state(
             )
         return None
     remote_id = remote_id or str(_get(job, "metadata", "name") or "")
-    lost = [p for p in pods if _lost_with_node(p, gone)]
-    if lost:
-        node = _get(lost[0], "spec", "nodeName") or "?"
+    conditions = {
+        c.get("type"): c for c in _get(job, "status", "conditions") or [] if c.get("status") == "True"
+    }
+    succeeded = "Complete" in conditions or "SuccessCriteriaMet" in conditions
+    lost = [str(_get(p, "spec", "nodeName") or "?") for p in pods if _lost_with_node(p, gone)]
+    lost += sorted(gone.intersection(nodes))
+    if lost and not succeeded:
+        node = lost[0]
         return RemoteState(
             attempt_id,
             Phase.RUNNING,
             remote_id,
             message=f"its node {node} left the Kubernetes cluster; waiting for node loss handling",
         )
-    conditions = {
-        c.get("type"): c for c in _get(job, "status", "conditions") or [] if c.get("status") == "True"
-    }
     for kind in ("Failed", "FailureTarget"):
         if kind in conditions:
             return _failed(attempt_id, remote_id, conditions[kind], pods)
-    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+    if succeeded:
         return RemoteState(
             attempt_id, Phase.SUCCEEDED, remote_id, exit_code=0, message="completed in Kubernetes"
         )
