@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -222,6 +223,8 @@ def check_kubernetes(conn: Any, namespace: str, *, credential: str = "token") ->
     try:
         version = _version(api)
     except ApiException as exc:
+        if exc.status == 0:  # the client's word for a TLS failure
+            raise _transport(conn, exc, credential) from None
         if not _is_status(exc.body):
             raise _unreachable(conn.url, exc) from None
         if exc.status == 401:
@@ -232,13 +235,7 @@ def check_kubernetes(conn: Any, namespace: str, *, credential: str = "token") ->
             f"the API server answered {exc.status} to GET /version", credential, apiserver=True
         ) from None
     except urllib3.exceptions.HTTPError as exc:
-        if _tls_failure(exc) and _kube_answers(conn):
-            raise KubeError(
-                "a Kubernetes API server answered, but its certificate is not signed by the given CA",
-                "kubeconfig" if credential == "kubeconfig" else "caCert",
-                apiserver=True,
-            ) from None
-        raise _unreachable(conn.url, exc) from None
+        raise _transport(conn, exc, credential) from None
     except ValueError as exc:
         raise _unreachable(conn.url, exc) from None
     user = _whoami(api)
@@ -328,7 +325,9 @@ def _kube_answers(conn: Any) -> bool:
     from clusters.adapters.kubernetes.client import build_client
 
     try:
-        _version(build_client(conn, verify=False, credentials=False))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            _version(build_client(conn, verify=False, credentials=False))
         return True
     except ApiException as exc:
         return exc.status in (401, 403) and _is_status(exc.body)
@@ -336,7 +335,21 @@ def _kube_answers(conn: Any) -> bool:
         return False
 
 
+def _transport(conn: Any, exc: BaseException, credential: str) -> KubeError:
+    """A failure below HTTP: precise only for a TLS failure where a kube-apiserver is what
+    answers (``_kube_answers``), the uniform answer otherwise."""
+    if _tls_failure(exc) and _kube_answers(conn):
+        return KubeError(
+            "a Kubernetes API server answered, but its certificate is not signed by the given CA",
+            "kubeconfig" if credential == "kubeconfig" else "caCert",
+            apiserver=True,
+        )
+    return _unreachable(conn.url, exc)
+
+
 def _tls_failure(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):  # the official client turns urllib3's SSLError into status 0
+        return exc.status == 0 and str(exc.reason or "").startswith("SSLError")
     reason = getattr(exc, "reason", None)
     return isinstance(exc, urllib3.exceptions.SSLError) or isinstance(reason, urllib3.exceptions.SSLError)
 
