@@ -489,3 +489,50 @@ def test_an_unreachable_cluster_is_an_adapter_error(kube, k8s):
     assert sent.error and not sent.remote_id
     with pytest.raises(AdapterError):
         adapter.cancel(k8s, ["x"]) or adapter.sync(k8s, [])
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def test_one_job_api_places_work_on_kubernetes_next_to_other_kinds_and_the_heatmap_shows_its_nodes(
+    kube, api, client, alice, operator, django_capture_on_commit_callbacks
+):
+    from clusters.choices import NodeState
+    from clusters.models import Node
+    from scheduling.dispatch.outbox import drain_outbox
+    from scheduling.engine.cache import SchedulerCache
+    from scheduling.engine.cycle import run_cycle
+    from scheduling.models import JobAttempt
+    from tests.factories import make_cluster, make_node, make_project, make_queue
+    from tests.portal.api.conftest import job_spec
+
+    ensure_catalog()
+    lab = make_cluster("lab", kind="native", identity="shared")
+    make_node(lab, gpus=8, model="h100", name="lab-1")
+    make_queue(make_project("vision", members=(alice,)))
+    body = {"name": "k8s", "kind": "kubernetes", "kubeconfig": kube.kubeconfig("adapter")}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(operator).post("/api/v1/clusters", body, format="json").status_code == 201
+    Node.objects.filter(cluster__name="k8s").update(state=NodeState.READY)  # as its heartbeats make it
+
+    small = {"spec__resources__gpus": "h100:1", "spec__resources__cpus": 1, "spec__resources__memory": "1Gi"}
+    on_k8s = api(alice).post(
+        "/api/v1/jobs",
+        job_spec(**small, spec__image="busybox:1.36", spec__placement={"clusters": ["k8s"]}),
+        format="json",
+    )
+    bare = api(alice).post("/api/v1/jobs", job_spec(**small), format="json")
+    assert on_k8s.status_code == bare.status_code == 201, (on_k8s.content, bare.content)
+    assert bare.json()["spec"]["placement"]["clusters"] == ["lab"]  # a bare command never goes to Kubernetes
+    assert run_cycle(SchedulerCache()).placed == 2
+    drain_outbox()
+    (job,) = kube.objects("jobs", NS)
+    assert job["metadata"]["labels"]["orrery.io/job-id"] == str(on_k8s.json()["id"])
+    attempt = JobAttempt.objects.get(job_id=on_k8s.json()["id"])
+    assert attempt.cluster.name == "k8s" and attempt.remote_id == job["metadata"]["name"]
+    assert JobAttempt.objects.get(job_id=bare.json()["id"]).cluster == lab
+
+    client.force_login(alice)
+    heatmap = client.get("/fleet/nodes.json").json()
+    shown = {(c, n) for c, n in zip(heatmap["cluster"], heatmap["name"], strict=True)}
+    assert {("k8s", "gpu-1"), ("k8s", "gpu-2"), ("lab", "lab-1")} <= shown
