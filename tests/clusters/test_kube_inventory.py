@@ -26,7 +26,9 @@ from clusters.adapters.kubernetes.inventory import (
     quantity,
     unavailable_gpus,
 )
+from tests.kubefake import plugin
 
+kube, kube_client = plugin.kube, plugin.kube_client  # the fake API server's fixtures
 RECORDINGS = Path(__file__).resolve().parents[1] / "kubefake" / "recordings"
 
 
@@ -300,7 +302,7 @@ def h100(name: str = "dgx-h100-001") -> dict[str, Any]:
 
 
 @pytest.fixture
-def kube(db):
+def cluster_a(db):
     from tests.factories import ensure_catalog, make_cluster
 
     ensure_catalog()
@@ -338,14 +340,14 @@ def orrery_node(cluster, name: str):
     return cluster.nodes.get(name=name)
 
 
-def test_first_pass_creates_the_gpu_nodes(kube, inventory_pass):
+def test_first_pass_creates_the_gpu_nodes(cluster_a, inventory_pass):
     from clusters.choices import NodeState
 
     mig = ready(recorded_node("012"))
-    seen = inventory_pass(kube, [h100(), mig, recorded_node("013")])
+    seen = inventory_pass(cluster_a, [h100(), mig, recorded_node("013")])
     assert (seen.nodes, seen.gpus) == (3, 16)
     assert seen.unknown_gpu_types == ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb",)
-    node = orrery_node(kube, "dgx-h100-001")
+    node = orrery_node(cluster_a, "dgx-h100-001")
     assert node.gpu_capacity == 8
     assert {g.model.slug for g in node.gpus.all()} == {"h100-80g"}
     assert node.gpus.first().memory_mb == 81559
@@ -353,113 +355,115 @@ def test_first_pass_creates_the_gpu_nodes(kube, inventory_pass):
     assert node.labels[RESOURCE_LABEL] == GPU
     assert "nvidia.com/gfd.timestamp" not in node.labels  # changes every GFD run: not copied
     assert node.cpu_millicores_allocatable == 222_000
-    assert orrery_node(kube, "dgx-a100-mig-001").gpu_capacity == 0  # no catalog entry for the slice
-    not_ready = orrery_node(kube, "dgx-h100-002")
+    assert orrery_node(cluster_a, "dgx-a100-mig-001").gpu_capacity == 0  # no catalog entry for the slice
+    not_ready = orrery_node(cluster_a, "dgx-h100-002")
     assert not_ready.state == NodeState.NOT_READY
     assert not_ready.state_reason.startswith("kubernetes: Ready=False (KubeletNotReady")
     heartbeats_on_time()
-    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
-    assert orrery_node(kube, "dgx-a100-mig-001").state == NodeState.READY
-    assert orrery_node(kube, "dgx-h100-002").state == NodeState.NOT_READY  # no heartbeat: kubelet not ready
+    assert orrery_node(cluster_a, "dgx-h100-001").state == NodeState.READY
+    assert orrery_node(cluster_a, "dgx-a100-mig-001").state == NodeState.READY
+    assert (
+        orrery_node(cluster_a, "dgx-h100-002").state == NodeState.NOT_READY
+    )  # no heartbeat: kubelet not ready
 
 
 def test_a_pass_that_sees_nothing_new_writes_no_node_rows(
-    kube, inventory_pass, django_assert_max_num_queries
+    cluster_a, inventory_pass, django_assert_max_num_queries
 ):
     from clusters.adapters.kubernetes.inventory import apply_inventory
 
     nodes = [h100(f"dgx-h100-{i:03}") for i in range(20)]
-    inventory_pass(kube, nodes)
+    inventory_pass(cluster_a, nodes)
     with django_assert_max_num_queries(8):  # reads, no writes, whatever the number of nodes
-        apply_inventory(kube, nodes, [])
+        apply_inventory(cluster_a, nodes, [])
 
 
-def test_mig_slices_are_gpus_of_their_catalog_model(kube, inventory_pass):
+def test_mig_slices_are_gpus_of_their_catalog_model(cluster_a, inventory_pass):
     from clusters.models import GpuModel
 
     GpuModel.objects.create(
         slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
     )
-    seen = inventory_pass(kube, [ready(recorded_node("012"))])
+    seen = inventory_pass(cluster_a, [ready(recorded_node("012"))])
     assert (seen.gpus, seen.unknown_gpu_types) == (7, ())
-    node = orrery_node(kube, "dgx-a100-mig-001")
+    node = orrery_node(cluster_a, "dgx-a100-mig-001")
     assert node.gpu_capacity == 7
     assert node.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
     assert {(g.model.slug, g.memory_mb) for g in node.gpus.all()} == {("a100-80g-mig-1g-10gb", 9728)}
 
 
-def test_cordon_then_uncordon_follows_kubernetes(kube, inventory_pass):
+def test_cordon_then_uncordon_follows_kubernetes(cluster_a, inventory_pass):
     from clusters.choices import NodeState
 
     node = h100()
-    inventory_pass(kube, [node])
+    inventory_pass(cluster_a, [node])
     heartbeats_on_time()
     node["spec"]["unschedulable"] = True
-    inventory_pass(kube, [node])
-    row = orrery_node(kube, "dgx-h100-001")
+    inventory_pass(cluster_a, [node])
+    row = orrery_node(cluster_a, "dgx-h100-001")
     assert (row.state, row.state_reason) == (NodeState.CORDONED, "kubernetes: cordoned")
     assert row.events.last().to_state == NodeState.CORDONED  # the log the scheduler's cache reads
     del node["spec"]["unschedulable"]
-    inventory_pass(kube, [node])
-    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY  # back, on probation
+    inventory_pass(cluster_a, [node])
+    assert orrery_node(cluster_a, "dgx-h100-001").state == NodeState.NOT_READY  # back, on probation
     heartbeats_on_time()
-    assert orrery_node(kube, "dgx-h100-001").state == NodeState.READY
+    assert orrery_node(cluster_a, "dgx-h100-001").state == NodeState.READY
 
 
-def test_a_taint_cordons_and_its_removal_resumes(kube, inventory_pass):
+def test_a_taint_cordons_and_its_removal_resumes(cluster_a, inventory_pass):
     from clusters.choices import NodeState
 
     node = h100()
-    inventory_pass(kube, [node])
+    inventory_pass(cluster_a, [node])
     heartbeats_on_time()
     node["spec"]["taints"] = [{"key": "maintenance", "value": "bios", "effect": "NoExecute"}]
-    inventory_pass(kube, [node])
-    row = orrery_node(kube, "dgx-h100-001")
+    inventory_pass(cluster_a, [node])
+    row = orrery_node(cluster_a, "dgx-h100-001")
     assert (row.state, row.state_reason) == (
         NodeState.CORDONED,
         "kubernetes: tainted maintenance=bios:NoExecute",
     )
     node["spec"]["taints"] = []
-    inventory_pass(kube, [node])
-    assert orrery_node(kube, "dgx-h100-001").state == NodeState.NOT_READY
+    inventory_pass(cluster_a, [node])
+    assert orrery_node(cluster_a, "dgx-h100-001").state == NodeState.NOT_READY
 
 
-def test_an_operators_cordon_is_never_lifted_by_kubernetes(kube, inventory_pass, operator):
+def test_an_operators_cordon_is_never_lifted_by_kubernetes(cluster_a, inventory_pass, operator):
     from clusters.choices import NodeState
     from clusters.services.nodes import cordon_node
 
-    inventory_pass(kube, [h100()])
+    inventory_pass(cluster_a, [h100()])
     heartbeats_on_time()
-    cordon_node(orrery_node(kube, "dgx-h100-001"), actor=operator, reason="bad fan")
-    inventory_pass(kube, [h100()])
+    cordon_node(orrery_node(cluster_a, "dgx-h100-001"), actor=operator, reason="bad fan")
+    inventory_pass(cluster_a, [h100()])
     heartbeats_on_time()
-    row = orrery_node(kube, "dgx-h100-001")
+    row = orrery_node(cluster_a, "dgx-h100-001")
     assert (row.state, row.state_reason) == (NodeState.CORDONED, "bad fan")
 
 
-def test_a_node_going_not_ready_leaves_the_schedulers_snapshot_within_a_sync(kube, inventory_pass):
+def test_a_node_going_not_ready_leaves_the_schedulers_snapshot_within_a_sync(cluster_a, inventory_pass):
     from scheduling.engine.cache import SchedulerCache
 
     node = h100()
-    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    inventory_pass(cluster_a, [node, h100("dgx-h100-003")])
     heartbeats_on_time()
     cache = SchedulerCache()
     snap = cache.ensure()
-    row = snap.row_of[orrery_node(kube, "dgx-h100-001").pk]
+    row = snap.row_of[orrery_node(cluster_a, "dgx-h100-001").pk]
     assert snap.ready[row]
     node["status"]["conditions"][-1].update(status="Unknown", reason="NodeStatusUnknown")
-    inventory_pass(kube, [node, h100("dgx-h100-003")])
+    inventory_pass(cluster_a, [node, h100("dgx-h100-003")])
     assert not cache.ensure().ready[row]
 
 
-def test_foreign_pods_take_gpus_cpu_and_memory_away(kube, inventory_pass):
+def test_foreign_pods_take_gpus_cpu_and_memory_away(cluster_a, inventory_pass):
     from clusters.choices import GpuHealth
     from scheduling.engine.cache import SchedulerCache
 
-    inventory_pass(kube, [h100()])
+    inventory_pass(cluster_a, [h100()])
     heartbeats_on_time()
     cache = SchedulerCache()
-    row = cache.ensure().row_of[orrery_node(kube, "dgx-h100-001").pk]
+    row = cache.ensure().row_of[orrery_node(cluster_a, "dgx-h100-001").pk]
     assert cache.snap.gpu_free[row] == 8
     label = {"orrery.io/attempt-id": "7f0c"}
     pods = [
@@ -467,44 +471,46 @@ def test_foreign_pods_take_gpus_cpu_and_memory_away(kube, inventory_pass):
         pod("impostor", gpus=1, labels=label),
         pod("ours", gpus=4, namespace="orrery", labels=label),
     ]
-    inventory_pass(kube, [h100()], pods)
-    node = orrery_node(kube, "dgx-h100-001")
+    inventory_pass(cluster_a, [h100()], pods)
+    node = orrery_node(cluster_a, "dgx-h100-001")
     unhealthy = {g.index: g.health_reason for g in node.gpus.filter(health=GpuHealth.UNHEALTHY)}
     assert unhealthy == {i: "in use by pods Orrery did not place" for i in (5, 6, 7)}
     assert node.cpu_millicores_allocatable == 222_000 - 21_000
     assert node.memory_bytes_allocatable == 2102984852 * 1024 - 101 * 2**30
     assert node.cpu_millicores_capacity == 222_000
     assert cache.ensure().gpu_free[row] == 5  # the pod of Orrery's own is counted by its allocation
-    inventory_pass(kube, [h100()], [])
+    inventory_pass(cluster_a, [h100()], [])
     assert cache.ensure().gpu_free[row] == 8
-    assert orrery_node(kube, "dgx-h100-001").cpu_millicores_allocatable == 222_000
+    assert orrery_node(cluster_a, "dgx-h100-001").cpu_millicores_allocatable == 222_000
 
 
-def test_foreign_pods_never_take_a_gpu_orrery_holds(kube, inventory_pass):
+def test_foreign_pods_never_take_a_gpu_orrery_holds(cluster_a, inventory_pass):
     from clusters.choices import GpuHealth
     from clusters.ports import ports_replaced
 
-    inventory_pass(kube, [h100()])
-    node = orrery_node(kube, "dgx-h100-001")
+    inventory_pass(cluster_a, [h100()])
+    node = orrery_node(cluster_a, "dgx-h100-001")
     with ports_replaced(held_gpus=lambda ids: {node.pk: {7, 6}}):
-        inventory_pass(kube, [h100()], [pod("train", gpus=2)])
+        inventory_pass(cluster_a, [h100()], [pod("train", gpus=2)])
     assert set(node.gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)) == {5, 4}
 
 
-def test_withdrawn_gpus_are_unhealthy_with_the_reason(kube, inventory_pass):
+def test_withdrawn_gpus_are_unhealthy_with_the_reason(cluster_a, inventory_pass):
     from clusters.choices import GpuHealth
 
     node = h100()
     node["status"]["allocatable"][GPU] = "7"
-    inventory_pass(kube, [node])
-    gpus = orrery_node(kube, "dgx-h100-001").gpus
+    inventory_pass(cluster_a, [node])
+    gpus = orrery_node(cluster_a, "dgx-h100-001").gpus
     assert gpus.count() == 8
     assert list(gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", "health_reason")) == [
         (7, "not allocatable (withdrawn by the device plugin)")
     ]
 
 
-def test_a_deleted_node_takes_the_node_loss_path(kube, inventory_pass, django_capture_on_commit_callbacks):
+def test_a_deleted_node_takes_the_node_loss_path(
+    cluster_a, inventory_pass, django_capture_on_commit_callbacks
+):
     from datetime import timedelta
 
     from django.conf import settings
@@ -515,17 +521,17 @@ def test_a_deleted_node_takes_the_node_loss_path(kube, inventory_pass, django_ca
     from clusters.services.lifecycle import run_node_lifecycle
 
     names = [f"dgx-h100-{i:03}" for i in range(1, 5)]
-    inventory_pass(kube, [h100(n) for n in names])
+    inventory_pass(cluster_a, [h100(n) for n in names])
     heartbeats_on_time()
-    inventory_pass(kube, [h100(n) for n in names[1:]])  # dgx-h100-001 was deleted
-    gone = orrery_node(kube, "dgx-h100-001")
+    inventory_pass(cluster_a, [h100(n) for n in names[1:]])  # dgx-h100-001 was deleted
+    gone = orrery_node(cluster_a, "dgx-h100-001")
     assert (gone.state, gone.state_reason) == (
         NodeState.NOT_READY,
         "kubernetes: node deleted, or no longer offers GPUs",
     )
     lost: list[int] = []
     later = timezone.now() + timedelta(seconds=settings.NODE_FAILOVER_AFTER + 1)
-    inventory_pass(kube, [h100(n) for n in names[1:]])
+    inventory_pass(cluster_a, [h100(n) for n in names[1:]])
     with (
         ports_replaced(node_lost=lambda ids: lost.extend(ids) or len(ids)),
         django_capture_on_commit_callbacks(execute=True),
@@ -536,4 +542,222 @@ def test_a_deleted_node_takes_the_node_loss_path(kube, inventory_pass, django_ca
         NodeLastSeen.objects.exclude(node=gone).update(seen_at=later)
         run_node_lifecycle(later)
     assert lost == [gone.pk]
-    assert orrery_node(kube, "dgx-h100-001").state == NodeState.DOWN
+    assert orrery_node(cluster_a, "dgx-h100-001").state == NodeState.DOWN
+
+
+# --- through the fake API server --------------------------------------------------------------
+# The cluster-scope read of pods that foreign-pod subtraction needs, beyond the adapter's role.
+POD_READER = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: orrery-adapter-pods-read}
+rules:
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: orrery-adapter-pods-read}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: orrery-adapter-pods-read}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: orrery-adapter}
+"""
+
+
+@pytest.fixture
+def fake(kube):
+    kube.apply_rbac(POD_READER)
+    kube.cluster.create("namespaces", "", {"metadata": {"name": "research"}})
+    yield kube
+    from clusters.adapters.kubernetes.informer import forget_all
+
+    forget_all()
+
+
+@pytest.fixture
+def adapter_client(fake, kube_client):
+    return kube_client("adapter")
+
+
+@pytest.fixture
+def inventory_from(django_capture_on_commit_callbacks):
+    """``take_inventory`` as the adapter calls it, then the aggregation pass."""
+    from clusters.adapters.kubernetes.inventory import take_inventory
+    from clusters.services.aggregation import flush_heartbeats
+
+    def run(cluster, api_client):
+        with django_capture_on_commit_callbacks(execute=True):
+            seen = take_inventory(cluster, api_client, sync_timeout_s=10)
+        flush_heartbeats()
+        return seen
+
+    return run
+
+
+def run_pod(
+    kube,
+    name: str,
+    node: str,
+    *,
+    namespace: str = "research",
+    gpus: int = 1,
+    labels=None,
+    resource: str = GPU,
+) -> None:
+    """A pod as the scheduler and kubelet of the member cluster leave it: bound and Running."""
+    body = {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "main", "image": "busybox:1.36", "resources": {"limits": {resource: str(gpus)}}}
+            ],
+        },
+    }
+    kube.cluster.create("pods", namespace, body, manager="kube-controller-manager")
+    kube.cluster.patch(
+        "pods",
+        namespace,
+        name,
+        {"status": {"phase": "Running"}},
+        "application/strategic-merge-patch+json",
+        subresource="status",
+        manager="kubelet",
+    )
+
+
+def settle(check, timeout: float = 10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s"
+        time.sleep(0.02)
+
+
+def test_inventory_through_the_api_server(kube_cluster, fake, adapter_client, inventory_from):
+    from clusters.adapters.kubernetes.inventory import informers_for
+    from clusters.choices import GpuHealth, NodeState
+    from clusters.models import GpuModel
+
+    GpuModel.objects.create(
+        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
+    )
+    fake.add_gpu_node("h100-a")
+    fake.add_gpu_node("h100-b")
+    fake.add_gpu_node("mig-a", product="NVIDIA-A100-SXM4-80GB", mig={"mig-1g.10gb": 7})
+    fake.add_gpu_node("sick", ready=False)
+    fake.add_gpu_node("cpu-only", gpus=0)
+    seen = inventory_from(kube_cluster, adapter_client)
+    assert (seen.nodes, seen.gpus, seen.unknown_gpu_types) == (4, 31, ())
+    heartbeats_on_time()
+    states = dict(kube_cluster.nodes.values_list("name", "state"))
+    assert states == {"h100-a": "ready", "h100-b": "ready", "mig-a": "ready", "sick": "not_ready"}
+
+    nodes, pods = informers_for(kube_cluster, adapter_client)
+    fake.cordon("h100-a")
+    fake.patch_node("h100-b", {"spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
+    run_pod(fake, "slices", "mig-a", gpus=2, resource="nvidia.com/mig-1g.10gb")
+    run_pod(fake, "train", "h100-a", gpus=3)
+    run_pod(fake, "ours", "h100-a", namespace="orrery", gpus=2, labels={"orrery.io/attempt-id": "7f0c"})
+    settle(lambda: {"research/train", "research/slices", "orrery/ours"} <= set(pods.objects()))
+    settle(lambda: nodes.get("h100-b")["spec"].get("taints"))
+    inventory_from(kube_cluster, adapter_client)
+    rows = {n.name: n for n in kube_cluster.nodes.all()}
+    assert (rows["h100-a"].state, rows["h100-a"].state_reason) == (NodeState.CORDONED, "kubernetes: cordoned")
+    assert rows["h100-b"].state == NodeState.CORDONED
+    assert rows["h100-b"].state_reason == "kubernetes: tainted maintenance:NoSchedule"
+    taken = rows["h100-a"].gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)
+    assert sorted(taken) == [5, 6, 7]  # the foreign pod's three; Orrery's own pod is not subtracted
+    slices = rows["mig-a"].gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)
+    assert sorted(slices) == [5, 6]
+
+    fake.delete_node("h100-b")
+    settle(lambda: nodes.get("h100-b") is None)
+    inventory_from(kube_cluster, adapter_client)
+    lost = kube_cluster.nodes.get(name="h100-b")
+    assert (lost.state, lost.state_reason) == (
+        NodeState.NOT_READY,
+        "kubernetes: node deleted, or no longer offers GPUs",
+    )
+
+
+def test_without_the_right_to_read_pods_the_inventory_goes_on(
+    kube_cluster, kube, kube_client, inventory_from, caplog
+):
+    from clusters.adapters.kubernetes.informer import forget_all
+
+    try:
+        kube.add_gpu_node("h100-a")
+        seen = inventory_from(kube_cluster, kube_client("adapter"))  # the adapter's role alone
+        assert (seen.nodes, seen.gpus) == (1, 8)
+        assert "pods not listed (HTTP 403 Forbidden); foreign pods are not subtracted" in caplog.text
+    finally:
+        forget_all()
+
+
+def test_an_unlisted_cluster_is_an_adapter_error(kube_cluster, kube, kube_client):
+    from clusters.adapters.base import AdapterError
+    from clusters.adapters.kubernetes.informer import forget_all
+    from clusters.adapters.kubernetes.inventory import take_inventory
+
+    try:
+        with pytest.raises(AdapterError, match="cannot list nodes: HTTP 403 Forbidden"):
+            take_inventory(kube_cluster, kube_client("unbound"), sync_timeout_s=0.5)
+    finally:
+        forget_all()
+
+
+@pytest.fixture
+def kube_cluster(kube, db):
+    from tests.factories import ensure_catalog, make_cluster
+
+    ensure_catalog()
+    return make_cluster("kube-fake", kind="kubernetes", config={"namespace": "orrery"})
+
+
+FLEET = 5000
+
+
+def test_fleet_of_5000_nodes_stays_current(kube_cluster, fake, adapter_client, inventory_from):
+    """5,000 GPU nodes: the first list and pass, then how long a cordon and a NotReady take to
+    reach the scheduler's snapshot, polling as the periodic pass would (without its 10 s wait).
+    The times are printed (``-s``); the bound asserted is generous on purpose."""
+    import time
+
+    from clusters.adapters.kubernetes.inventory import informers_for
+    from scheduling.engine.cache import SchedulerCache
+
+    for i in range(FLEET):
+        fake.add_gpu_node(f"gpu-{i:05}")
+    began = time.perf_counter()
+    seen = inventory_from(kube_cluster, adapter_client)
+    first_pass = time.perf_counter() - began
+    assert (seen.nodes, seen.gpus) == (FLEET, FLEET * 8)
+    heartbeats_on_time()
+    cache = SchedulerCache()
+    snap = cache.ensure()
+    rows = [snap.row_of[pk] for pk in kube_cluster.nodes.order_by("name").values_list("pk", flat=True)]
+    assert all(snap.ready[r] for r in rows)
+    nodes, _ = informers_for(kube_cluster, adapter_client)
+
+    def time_to_see(change, name: str) -> float:
+        row = snap.row_of[kube_cluster.nodes.get(name=name).pk]
+        start = time.perf_counter()
+        change(name)
+        while cache.ensure().ready[row]:
+            assert time.perf_counter() - start < 30, f"{name}'s change not seen within 30 s"
+            inventory_from(kube_cluster, adapter_client)
+        return time.perf_counter() - start
+
+    began = time.perf_counter()
+    inventory_from(kube_cluster, adapter_client)
+    steady_pass = time.perf_counter() - began
+    cordon = time_to_see(fake.cordon, "gpu-01234")
+    not_ready = time_to_see(lambda n: fake.set_node_ready(n, False), "gpu-04321")
+    print(
+        f"\nfleet of {FLEET} nodes: first list + pass {first_pass:.1f} s, steady pass {steady_pass:.2f} s, "
+        f"cordon seen by the scheduler in {cordon:.2f} s, NotReady in {not_ready:.2f} s "
+        f"(informer: {nodes.stats})"
+    )

@@ -18,10 +18,14 @@ What it models:
   configurable), ``timeoutSeconds``, the 410 ERROR event once the watch cache's window moved on;
 - bearer-token authentication, RBAC over stored Roles/Bindings (``rbac.yaml`` for the adapter user),
   SelfSubjectAccessReview / SelfSubjectRulesReview / SelfSubjectReview;
-- optionally (:meth:`FakeKube.start_controllers`) the components a real cluster adds around the
-  server: Job controller, scheduler, kubelet, garbage collector, node lifecycle.
+- the test side (:class:`FakeKube` methods) plays the kubelet and GPU feature discovery for nodes
+  (``add_gpu_node``, ``set_node_ready``, ``cordon``, ``delete_node``), the kubelet's logs
+  (``set_pod_log``, ``set_kubelet_reachable``), etcd compaction and the watch cache's window.
 
-What it does not model: admission webhooks, server-side apply (``managedFields`` is approximate),
+What it does not model: the controllers around the server (Job controller, scheduler, kubelet,
+garbage collector, node lifecycle, namespace controller): like the recorded server, nothing creates
+pods for a Job or moves them by itself; a test plays those parts through the API. Nor: admission
+webhooks, server-side apply (``managedFields`` is approximate),
 protobuf, API priority and fairness, field validation beyond the checks in ``validation.py``,
 quota and limit ranges, any resource not listed above, and the real server's timing.
 """

@@ -131,7 +131,9 @@ class Cause:
         return cls(field, "FieldValueTooLong", f"Too long: may not be more than {limit} bytes")
 
 
-def invalid(kind: str, group: str, name: str, causes: list[Cause], repeat: int = 1) -> ApiError:
+def invalid(
+    kind: str, group: str, name: str, causes: list[Cause], repeat: int = 1, listed: list[Cause] | None = None
+) -> ApiError:
     """422 Invalid: ``Kind[.group] "name" is invalid: field: msg`` (several wrapped in ``[...]``).
 
     ``repeat`` reproduces the server listing the same cause more than once in ``details.causes``
@@ -139,7 +141,8 @@ def invalid(kind: str, group: str, name: str, causes: list[Cause], repeat: int =
     parts = [f"{c.field}: {c.message}" for c in causes]
     text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     message = f'{qualified(kind, group)} "{name}" is invalid: {text}'
-    cause_list = [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes] * repeat
+    listed = causes * repeat if listed is None else listed
+    cause_list = [{"reason": c.reason, "message": c.message, "field": c.field} for c in listed]
     return ApiError(422, status(422, message, "Invalid", _details(name, group, kind, causes=cause_list)))
 
 

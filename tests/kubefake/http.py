@@ -261,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
                     "kind": "SelfSubjectRulesReview",
                     "apiVersion": "authorization.k8s.io/v1",
                     "metadata": {"creationTimestamp": None},
-                    "spec": spec,
+                    "spec": {},
                     "status": self.fake.authorizer.rules_review(user, namespace),
                 },
             )

@@ -31,6 +31,7 @@ MERGE_KEYS = {
     "hostIPs": "ip",
 }
 MERGED_PRIMITIVE_LISTS = {"finalizers"}
+ATOMIC = {"state", "lastState"}  # a ContainerState holds one of waiting/running/terminated
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -74,7 +75,7 @@ def strategic_merge(target: Any, patch: Any) -> Any:
             merged = list(result.get(key) or [])
             merged += [item for item in value if item not in merged]
             result[key] = merged
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and key not in ATOMIC:
             result[key] = strategic_merge(result.get(key), value)
         else:
             result[key] = copy.deepcopy(value)

@@ -7,6 +7,7 @@ the field selectors it supports, and the server-side defaults (README "What the 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,12 @@ RESOURCES: dict[str, Resource] = {
             "Node",
             namespaced=False,
             has_status=True,
-            fields={**_META_FIELDS, "spec.unschedulable": _get("spec", "unschedulable")},
+            fields={
+                **_META_FIELDS,
+                "spec.unschedulable": lambda obj: (
+                    "true" if obj.get("spec", {}).get("unschedulable") else "false"
+                ),
+            },
             bookmark={
                 "spec": {},
                 "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}, "nodeInfo": _NODE_INFO},
@@ -159,6 +165,11 @@ def bookmark_object(resource: Resource, resource_version: str) -> dict[str, Any]
 
 
 def _container_defaults(container: dict[str, Any]) -> None:
+    container.setdefault("resources", {})
+    for variable in container.get("env") or []:
+        field_ref = (variable.get("valueFrom") or {}).get("fieldRef")
+        if isinstance(field_ref, dict):
+            field_ref.setdefault("apiVersion", "v1")
     container.setdefault("terminationMessagePath", "/dev/termination-log")
     container.setdefault("terminationMessagePolicy", "File")
     image = container.get("image", "")
@@ -292,8 +303,30 @@ CREATE_DEFAULTS: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
+_OFFSET_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?\+00:00$")
+
+
+def _utc_times(value: Any) -> Any:
+    """Go re-serialises every metav1.Time as ``...Z`` (a client may send ``+00:00``)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, str) and item.endswith("+00:00"):
+                match = _OFFSET_TIME.match(item)
+                if match:
+                    value[key] = match.group(1) + "Z"
+            elif isinstance(item, dict | list):
+                _utc_times(item)
+    elif isinstance(value, list):
+        for item in value:
+            _utc_times(item)
+    return value
+
+
 def canonicalise(resource: Resource, obj: dict[str, Any]) -> None:
-    """Quantities in the spelling the server stores (node capacity, container resources)."""
+    """What the server's decode/encode round trip does: quantities in canonical spelling, times in
+    UTC ``Z`` form, pod conditions' ``lastProbeTime`` and containers' ``lastState`` always present."""
+    _utc_times(obj.get("status"))
+    _utc_times(obj.get("metadata"))
     status = obj.get("status")
     if resource.plural == "nodes" and isinstance(status, dict):
         for key in ("capacity", "allocatable"):
@@ -310,3 +343,9 @@ def canonicalise(resource: Resource, obj: dict[str, Any]) -> None:
     if resource.plural == "pods" and isinstance(status, dict):
         for container_status in status.get("containerStatuses") or []:
             container_status.setdefault("lastState", {})
+        for condition in status.get("conditions") or []:
+            condition.setdefault("lastProbeTime", None)
+    if resource.plural == "jobs" and isinstance(status, dict):
+        for counter in ("active", "succeeded", "failed"):  # int32 with omitempty in Go
+            if status.get(counter) == 0:
+                status.pop(counter)

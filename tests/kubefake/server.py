@@ -94,7 +94,6 @@ class FakeKube:
         self._dir = tempfile.TemporaryDirectory(prefix="kubefake-")
         self.ca_file: str | None = None
         self.ca_pem: bytes = b""
-        self.controllers: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> FakeKube:
@@ -113,8 +112,6 @@ class FakeKube:
 
     def stop(self) -> None:
         self.stopping = True
-        if self.controllers is not None:
-            self.controllers.stop()
         self.store.close_all()
         if self._server is not None:
             self._server.shutdown()
@@ -193,9 +190,24 @@ class FakeKube:
         return {
             "kind": "TokenRequest",
             "apiVersion": "authentication.k8s.io/v1",
-            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": rfc3339(now)},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "creationTimestamp": rfc3339(now),
+                "managedFields": [
+                    {
+                        "manager": "kubefake",
+                        "operation": "Update",
+                        "apiVersion": "authentication.k8s.io/v1",
+                        "time": rfc3339(now),
+                        "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:expirationSeconds": {}}},
+                        "subresource": "token",
+                    }
+                ],
+            },
             "spec": {
-                "audiences": ["https://kubernetes.default.svc.cluster.local"],
+                "audiences": [self.url],
                 "expirationSeconds": seconds,
                 "boundObjectRef": None,
             },
@@ -355,16 +367,6 @@ class FakeKube:
         (self.cluster.unreachable_kubelets.discard if reachable else self.cluster.unreachable_kubelets.add)(
             node
         )
-
-    # -- controllers --------------------------------------------------------------------------
-    def start_controllers(self, **options: Any) -> Any:
-        """Switch on the simulated Job controller, scheduler, kubelet and garbage collector."""
-        from tests.kubefake.controllers import Controllers
-
-        if self.controllers is None:
-            self.controllers = Controllers(self, **options)
-            self.controllers.start()
-        return self.controllers
 
     # -- TLS ----------------------------------------------------------------------------------
     def _tls_context(self) -> ssl.SSLContext:

@@ -54,3 +54,10 @@ def test_heatmap_columns_line_up_per_node(placed):
     assert heatmap.names == ["a-1", "a-2"] and heatmap.clusters == ["sim-a", "sim-a"]
     assert heatmap.held == [2, 2] and heatmap.gpus == [8, 8] and heatmap.util == [40.0, None]
     assert node_heatmap("elsewhere").ids == []
+
+
+def test_held_gpu_indices_per_node(placed):
+    from clusters.ports import held_gpus
+
+    nodes = dict(placed.allocations.values_list("node__name", "node_id").distinct())
+    assert held_gpus()([*nodes.values(), 0]) == {nodes["a-2"]: {1, 5}, nodes["a-1"]: {0, 7}}

@@ -14,8 +14,9 @@ How it talks to the server (the behaviours ``tests/clusters/test_kube_informer.p
 
 1. **LIST** in pages (``limit`` + ``continue``). All pages share the first page's
    ``resourceVersion``. A ``410 Expired`` on a continue token (etcd compacted that snapshot)
-   restarts the list from its first page. The result *replaces* the store: objects missing from
-   it are reported DELETED, new ones ADDED, changed ones (another ``resourceVersion``) MODIFIED.
+   restarts the list as one unpaged request, as client-go's pager does. The result *replaces*
+   the store: objects missing from it are reported DELETED, new ones ADDED, changed ones
+   (another ``resourceVersion``) MODIFIED.
 2. **WATCH** from the list's ``resourceVersion`` with ``allowWatchBookmarks=true`` and
    ``timeoutSeconds``. Every event, BOOKMARK included, advances ``resource_version``; a bookmark
    is never stored (it is an empty object of the kind). ADDED/MODIFIED store the object;
@@ -66,7 +67,6 @@ Listener = Callable[[str, Obj], None]
 
 PAGE_SIZE = 500
 WATCH_TIMEOUT_S = 300  # the server ends the stream after this; it reopens from the last RV
-_LIST_RESTARTS = 5  # consecutive 410s on continue tokens before a list gives up (then backs off)
 
 
 class Expired(Exception):
@@ -119,7 +119,15 @@ class Informer:
         self._failures = 0
         #: Counters for tests and metrics: lists, relists (after 410), watches opened, errors,
         #: bookmarks seen, and ``changes`` (store changes; grows by one per change).
-        self.stats = {"lists": 0, "relists": 0, "watches": 0, "errors": 0, "bookmarks": 0, "changes": 0}
+        self.stats = {
+            "lists": 0,
+            "full_lists": 0,
+            "relists": 0,
+            "watches": 0,
+            "errors": 0,
+            "bookmarks": 0,
+            "changes": 0,
+        }
         self.last_error = ""
 
     # --- reading --------------------------------------------------------------------------
@@ -228,33 +236,34 @@ class Informer:
             self._rv = rv
             self.stats["lists"] += 1
             self._bump(len(events))
+        self._tell(events)  # before "synced": a consumer that waited has been told everything
         self._synced.set()
         self._failures = 0
-        self._tell(events)
 
     def _list_pages(self) -> tuple[list[Obj], str]:
-        for _ in range(_LIST_RESTARTS):
-            items: list[Obj] = []
-            token, rv = "", ""
-            try:
-                while True:
-                    body = self._call(limit=self._page_size, _continue=token or None)
-                    items.extend(body.get("items") or ())
-                    meta = body.get("metadata") or {}
-                    rv = rv or meta.get("resourceVersion", "")
-                    token = meta.get("continue") or ""
-                    if not token:
-                        return items, rv
-                    if self._stop.is_set():
-                        raise InterruptedError("stopped")
-            except ApiException as exc:
-                if exc.status != 410 or not token:
-                    raise
-                # The snapshot the pages came from was compacted away: start the list again, for
-                # one consistent view (client-go does the same; the 410's fresh token would mix
-                # two snapshots).
-                log.info("informer %s: list continue token expired; listing again", self.name)
-        raise Expired(f"{self.name}: list kept expiring")
+        items: list[Obj] = []
+        token, rv = "", ""
+        try:
+            while True:
+                body = self._call(limit=self._page_size, _continue=token or None)
+                items.extend(body.get("items") or ())
+                meta = body.get("metadata") or {}
+                rv = rv or meta.get("resourceVersion", "")
+                token = meta.get("continue") or ""
+                if not token:
+                    return items, rv
+                if self._stop.is_set():
+                    raise InterruptedError("stopped")
+        except ApiException as exc:
+            if exc.status != 410 or not token:
+                raise
+        # The snapshot the pages came from was compacted away (the list took longer than etcd
+        # keeps history). As client-go's pager does, list everything in one request: one
+        # consistent view (the 410's fresh token would mix two snapshots), and no token to expire.
+        log.info("informer %s: list continue token expired; listing in one request", self.name)
+        self.stats["full_lists"] += 1
+        body = self._call()
+        return list(body.get("items") or ()), (body.get("metadata") or {}).get("resourceVersion", "")
 
     def _call(self, **params: Any) -> Obj:
         response = self._list_call(

@@ -340,14 +340,23 @@ def informers_for(cluster: Cluster, api_client: k8s.ApiClient) -> tuple[Informer
 
 
 def take_inventory(cluster: Cluster, api_client: k8s.ApiClient, *, sync_timeout_s: float = 60.0) -> Inventory:
-    """One inventory pass from the informers' stores (they list once, then watch; a pass reads
-    memory, not the API server). Raises ``AdapterError`` while they have not listed yet."""
+    """One inventory pass from the informers' stores (they list once, then watch: a pass reads
+    memory, not the API server). Raises ``AdapterError`` until the nodes have been listed.
+
+    Reading every namespace's pods needs ``list``/``watch`` on pods at the cluster scope. Where
+    that is refused, the pass goes on without subtracting foreign pods, and says so in the log."""
     nodes, pods = informers_for(cluster, api_client)
-    for informer in (nodes, pods):
-        if not informer.wait_synced(sync_timeout_s):
-            raise AdapterError(
-                f"cannot list {informer.name.rsplit('/', 1)[-1]}: {informer.last_error or 'no answer yet'}"
-            )
+    if not nodes.wait_synced(sync_timeout_s):
+        raise AdapterError(f"cannot list nodes: {nodes.last_error or 'no answer yet'}")
+    deadline = time.monotonic() + sync_timeout_s
+    while not pods.wait_synced(0.05) and not pods.stats["errors"] and time.monotonic() < deadline:
+        pass
+    if not pods.has_synced():
+        log.warning(
+            "kubernetes cluster %s: pods not listed (%s); foreign pods are not subtracted",
+            cluster,
+            pods.last_error or "no answer yet",
+        )
     return apply_inventory(cluster, nodes.objects().values(), pods.objects().values())
 
 
