@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from clusters.adapters.kubernetes.client import KubeError
 from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmError
 from clusters.adapters.slurm.inventory import client_for
@@ -38,7 +39,7 @@ from clusters.services.credentials import (
 )
 from clusters.services.identity import map_account, unmap_account
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
-from clusters.services.onboarding import onboard_slurm
+from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 
 _REFUSALS = (NodeActionRefused,)
@@ -95,6 +96,40 @@ class SlurmOnboardForm(forms.Form):
             return check_output_dir(value) if value else value
         except SlurmError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+
+class KubernetesOnboardForm(forms.Form):
+    name = forms.SlugField(max_length=64)
+    kubeconfig = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off"}),
+        help_text="A whole kubeconfig with its credentials inline (no exec plugins, no file paths); "
+        "or leave empty and give the URL, CA and token below.",
+    )
+    url = forms.URLField(
+        required=False, label="API server URL", assume_scheme="https", help_text="e.g. https://k8s-api:6443"
+    )
+    ca_cert = forms.CharField(
+        required=False, label="CA bundle (PEM)", widget=forms.Textarea(attrs={"rows": 4})
+    )
+    token = forms.CharField(required=False, label="Bearer token", widget=forms.PasswordInput)
+    namespace = forms.CharField(
+        initial="orrery", max_length=63, help_text="The namespace Orrery owns; it must exist."
+    )
+    identity = forms.ChoiceField(
+        choices=Identity.choices,
+        initial=Identity.SHARED,
+        required=False,
+        help_text="Shared: every pod runs as the uid below. Mapped accounts need a uid per account.",
+    )
+    run_as_user = forms.IntegerField(required=False, min_value=1, label="Run pods as uid", initial=1000)
+    run_as_group = forms.IntegerField(required=False, min_value=1, label="Run pods as gid")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not data.get("kubeconfig") and not (data.get("url") and data.get("token")):
+            raise forms.ValidationError("Give a kubeconfig, or the API server URL, its CA and a token.")
+        return data
 
 
 class PosixAccountInline(admin.TabularInline):
@@ -176,7 +211,12 @@ class ClusterAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.onboard_slurm_view),
             name="clusters_cluster_onboard_slurm",
         )
-        return [onboard, *super().get_urls()]
+        onboard_kubernetes = path(
+            "onboard-kubernetes/",
+            self.admin_site.admin_view(self.onboard_kubernetes_view),
+            name="clusters_cluster_onboard_kubernetes",
+        )
+        return [onboard, onboard_kubernetes, *super().get_urls()]
 
     def has_onboard_permission(self, request: HttpRequest) -> bool:
         """Onboarding and machine credentials need their own permission, not the staff flag."""
@@ -212,6 +252,41 @@ class ClusterAdmin(admin.ModelAdmin):
                 return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
         context = self.admin_site.each_context(request) | {"form": form, "title": "Add a Slurm cluster"}
         return TemplateResponse(request, "admin/clusters/cluster/onboard_slurm.html", context)
+
+    def onboard_kubernetes_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_onboard_permission(request):
+            return HttpResponseRedirect(reverse("admin:clusters_cluster_changelist"))
+        form = KubernetesOnboardForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                cluster, collected = onboard_kubernetes(
+                    data["name"],
+                    kubeconfig=data["kubeconfig"],
+                    url=data["url"] if not data["kubeconfig"] else "",
+                    ca=data["ca_cert"] if not data["kubeconfig"] else "",
+                    token=data["token"] if not data["kubeconfig"] else "",
+                    namespace=data["namespace"],
+                    identity=data["identity"] or None,
+                    run_as_uid=data["run_as_user"],
+                    run_as_gid=data["run_as_group"],
+                    actor=request.user,
+                )
+            except KubeError as exc:
+                field = {"caCert": "ca_cert", "runAsUser": "run_as_user", "runAsGroup": "run_as_group"}.get(
+                    exc.field, exc.field
+                )
+                prefix = "Connection test failed: " if exc.apiserver or exc.field == "url" else ""
+                form.add_error(field if field in form.fields else None, f"{prefix}{exc}")
+            else:
+                note = f"Cluster {cluster.name}: Kubernetes {cluster.config['api']}, "
+                note += f"{collected.nodes} nodes, {collected.gpus} GPUs."
+                if collected.unknown_gpu_types:
+                    note += " GPU types not in the catalog: " + ", ".join(collected.unknown_gpu_types)
+                self.message_user(request, note, messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
+        context = self.admin_site.each_context(request) | {"form": form, "title": "Add a Kubernetes cluster"}
+        return TemplateResponse(request, "admin/clusters/cluster/onboard_kubernetes.html", context)
 
     @admin.action(description="Test the connection (Slurm)")
     def test_connection(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:

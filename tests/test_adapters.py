@@ -1,6 +1,8 @@
 """One contract, every kind of cluster (clusters/adapters/): the same tests run on a simulated
-cluster, on a real ``orrery-agent`` process talking to a live server, and on a real Slurm
-(scripts/slurm-dev-cluster.sh), through the kind-agnostic dispatcher (scheduling/dispatch/).
+cluster, on a real ``orrery-agent`` process talking to a live server, on a real Slurm
+(scripts/slurm-dev-cluster.sh) and on Kubernetes — the fake API server of tests/kubefake, or a
+real cluster when ``ORRERY_TEST_KUBECONFIG`` names its kubeconfig — through the kind-agnostic
+dispatcher (scheduling/dispatch/).
 A world gives the cluster and what differs per kind: how a command is written, and how to see
 that work stopped on the cluster itself. Adding a kind is one more ``*_world`` fixture and one
 more parameter of ``world``."""
@@ -11,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,13 +22,16 @@ from typing import Any
 
 import pytest
 from django.db import close_old_connections
+from kubernetes import client as k8s
 
 from clusters.adapters.base import ClusterAdapter
+from clusters.adapters.kubernetes.client import api_for
+from clusters.adapters.kubernetes.informer import forget_all
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.choices import ClusterKind, Identity, NodeState
 from clusters.models import Cluster, GpuDevice, Node, PosixAccount
 from clusters.services.credentials import create_join_token
-from clusters.services.onboarding import onboard_slurm
+from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from scheduling.choices import JobState
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster
@@ -44,6 +50,7 @@ from tests.factories import (
     make_queue,
     make_user,
 )
+from tests.kubefake import FakeKube
 from tests.processes import scancel_tagged, spawn_agent, squeue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,6 +64,7 @@ class World:
     runs_commands: bool  # simulated clusters run none, so they have no output
     stopped: Callable[[JobAttempt], bool]  # the work is gone from the cluster itself
     queue: Any = None
+    image: str = ""  # the container image jobs run in, on kinds that run images only
 
     def __post_init__(self) -> None:
         alice = make_user("alice")
@@ -79,7 +87,8 @@ class World:
             model=self.model,
             placement={"clusters": [self.cluster.name]},
             command=command,
-            spec={"sim": {"durationSeconds": seconds, "exitCode": exit_code}},
+            spec={"sim": {"durationSeconds": seconds, "exitCode": exit_code}}
+            | ({"image": self.image} if self.image else {}),
         )
 
     def until(self, job: Job, *states: str, timeout: float = 60.0) -> Job:
@@ -156,7 +165,122 @@ def slurm_world(slurm, unix_users) -> Iterator[World]:
     scancel_tagged(cluster.config["tag"])
 
 
-@pytest.fixture(params=["simulated", "native", "slurm"])
+@pytest.fixture
+def kubernetes_world(django_capture_on_commit_callbacks) -> Iterator[World]:
+    """The fake API server with its controllers played by ``KubeletPlayer`` — or, when
+    ``ORRERY_TEST_KUBECONFIG`` is set, the real cluster of that kubeconfig (namespace
+    ``ORRERY_TEST_KUBE_NAMESPACE``, default orrery, set up with docs/clusters/kubernetes.rbac.yaml;
+    its nodes need a GPU model of the catalog, and ``busybox`` must be pullable)."""
+    ensure_catalog()
+    real = os.environ.get("ORRERY_TEST_KUBECONFIG")
+    fake = player = None
+    if real:
+        kubeconfig, namespace = Path(real).read_text(), os.environ.get("ORRERY_TEST_KUBE_NAMESPACE", "orrery")
+    else:
+        fake = FakeKube(adapter_rbac=False).start()
+        fake.apply_rbac((ROOT / "docs" / "clusters" / "kubernetes.rbac.yaml").read_text())
+        fake.add_gpu_node("kn-1", gpus=2, product="NVIDIA-A100-SXM4-80GB")
+        fake.patch_node("kn-1", {"spec": {"taints": None}})  # what the node lifecycle controller does
+        kubeconfig, namespace = fake.kubeconfig("adapter"), "orrery"
+        player = KubeletPlayer(fake, namespace).start()
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            cluster, _ = onboard_kubernetes("k8s", kubeconfig=kubeconfig, namespace=namespace)
+        Node.objects.filter(cluster=cluster, gpus__isnull=False).update(state=NodeState.READY)
+        model = GpuDevice.objects.filter(node__cluster=cluster).values_list("model__slug", flat=True).first()
+        api = k8s.CoreV1Api(api_for(cluster))
+
+        def stopped(attempt: JobAttempt) -> bool:
+            found = api.list_namespaced_pod(
+                namespace, label_selector=f"orrery.io/attempt-id={attempt.pk}", _preload_content=False
+            )
+            return all(pod["metadata"].get("deletionTimestamp") for pod in json.loads(found.data)["items"])
+
+        yield World(cluster, model or "", runs_commands=True, stopped=stopped, image="busybox:1.36")
+    finally:
+        if player is not None:
+            player.stop()
+        forget_all()
+        if fake is not None:
+            fake.stop()
+
+
+class KubeletPlayer:
+    """Plays the Job controller, scheduler and kubelet around the fake API server, for the
+    contract suite: each Job gets a pod per completion index on a node its affinity allows; the
+    pod runs, then ends as its script says (``echo TEXT``: output TEXT, exit 0; ``exit N``;
+    ``sleep``: runs until deleted). A pod marked for deletion is removed, as its kubelet would.
+    The fake's own simulated controllers replace this once they exist; a real cluster needs none."""
+
+    def __init__(self, fake: FakeKube, namespace: str) -> None:
+        self.fake, self.namespace = fake, namespace
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet-player", daemon=True)
+
+    def start(self) -> KubeletPlayer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            with contextlib.suppress(Exception):  # an object deleted under our feet: next turn
+                self._turn()
+
+    def _turn(self) -> None:
+        fake, ns = self.fake, self.namespace
+        for job in fake.objects("jobs", ns):
+            name, template = job["metadata"]["name"], job["spec"]["template"]
+            nodes = template["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            allowed = nodes["nodeSelectorTerms"][0]["matchFields"][0]["values"]
+            for index in range(job["spec"].get("completions") or 1):
+                pod = f"{name}-{index}-play"
+                if fake.get("pods", pod, ns) is None and not job["metadata"].get("deletionTimestamp"):
+                    labels = template["metadata"]["labels"] | {"batch.kubernetes.io/job-name": name}
+                    body = {
+                        "metadata": {"name": pod, "labels": labels},
+                        "spec": template["spec"] | {"nodeName": allowed[index]},
+                    }
+                    fake.cluster.create("pods", ns, body, manager="kube-controller-manager")
+                    self._status(pod, "Running", {"running": {"startedAt": "2026-12-01T14:31:01Z"}})
+        for pod in fake.objects("pods", ns):
+            name = pod["metadata"]["name"]
+            if pod["metadata"].get("deletionTimestamp"):
+                fake.cluster.delete("pods", ns, name, {"gracePeriodSeconds": 0})
+            elif pod["status"].get("phase") == "Running":
+                script = (pod["spec"]["containers"][0].get("command") or ["", "", ""])[-1]
+                if script.startswith("sleep"):
+                    continue
+                code = int(script.split()[1]) if script.startswith("exit ") else 0
+                if script.startswith("echo "):
+                    fake.set_pod_log(ns, name, script[5:] + "\n")
+                terminated = {
+                    "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                }
+                self._status(name, "Succeeded" if code == 0 else "Failed", terminated)
+
+    def _status(self, pod: str, phase: str, state: dict[str, Any]) -> None:
+        status = {
+            "phase": phase,
+            "containerStatuses": [{"name": "main", "state": state, "ready": phase == "Running"}],
+        }
+        self.fake.cluster.patch(
+            "pods",
+            self.namespace,
+            pod,
+            {"status": status},
+            "application/merge-patch+json",
+            subresource="status",
+            manager="kubelet",
+        )
+
+
+@pytest.fixture(params=["simulated", "native", "slurm", "kubernetes"])
 def world(request: pytest.FixtureRequest) -> World:
     return request.getfixturevalue(f"{request.param}_world")
 
@@ -167,13 +291,14 @@ def _place(world: World, *jobs: Job) -> None:
 
 
 def test_every_kind_has_an_adapter():
-    assert set(ADAPTERS) == {ClusterKind.NATIVE, ClusterKind.SIMULATED, ClusterKind.SLURM}
+    assert set(ADAPTERS) == set(ClusterKind.values)
     for kind in ADAPTERS:
         adapter = adapter_for(kind)
         assert adapter.kind == kind and adapter.dispatch_batch >= 1 and isinstance(adapter.runs_images, bool)
+        assert isinstance(adapter.needs_image, bool) and (adapter.runs_images or not adapter.needs_image)
         assert all(callable(getattr(adapter, op)) for op in ("inventory", "dispatch", "sync", "cancel"))
-    with pytest.raises(LookupError, match="kubernetes"):
-        adapter_for(ClusterKind.KUBERNETES)
+    with pytest.raises(LookupError, match="mesos"):
+        adapter_for("mesos")
 
 
 def test_inventory_shows_the_nodes_and_their_gpu_models(world):

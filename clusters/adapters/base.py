@@ -196,6 +196,8 @@ class ClusterAdapter(Protocol):
     runs_images: ClassVar[bool]
     #: When set, only the nodes carrying this label run images (agents that have podman).
     image_label: ClassVar[str | None]
+    #: Whether only container images run there: a job given as a bare ``run`` is refused.
+    needs_image: ClassVar[bool]
     #: Whether users' code really runs there, under a POSIX account (``Work.run_as``); a kind
     #: that only pretends needs no account.
     runs_user_code: ClassVar[bool]

@@ -21,6 +21,7 @@ class NativeAdapter:
     kind: ClassVar[str] = ClusterKind.NATIVE
     runs_images: ClassVar[bool] = True
     image_label: ClassVar[str | None] = "orrery.io/containers"  # agents that found podman say so
+    needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = False
     dispatch_batch: ClassVar[int] = 5000

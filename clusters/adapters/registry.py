@@ -14,6 +14,7 @@ ADAPTERS: dict[str, str] = {
     ClusterKind.NATIVE: "clusters.adapters.native.NativeAdapter",
     ClusterKind.SIMULATED: "clusters.adapters.simulated.SimulatedAdapter",
     ClusterKind.SLURM: "clusters.adapters.slurm.SlurmAdapter",
+    ClusterKind.KUBERNETES: "clusters.adapters.kubernetes.KubernetesAdapter",
 }
 
 

@@ -27,6 +27,7 @@ class SimulatedAdapter:
     kind: ClassVar[str] = ClusterKind.SIMULATED
     runs_images: ClassVar[bool] = True  # nothing runs: any image "runs"
     image_label: ClassVar[str | None] = None
+    needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = False
     pulls_inventory: ClassVar[bool] = False
     dispatch_batch: ClassVar[int] = 20_000  # as many as one cycle places

@@ -189,12 +189,54 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 
 class ClusterOnboardSerializer(serializers.Serializer):
-    """``POST clusters``: add (or re-key) a Slurm cluster after a connection test."""
+    """``POST clusters``: add (or re-key) a Slurm or Kubernetes cluster after a connection test.
+
+    Slurm: ``url`` (slurmrestd) and ``token`` (a JWT). Kubernetes: ``kubeconfig``, or ``url``
+    (the API server, https), ``token`` (a bearer token) and ``caCert``; ``namespace`` (default
+    orrery), and who pods run as (``runAsUser``/``runAsGroup``, or ``uids`` per account)."""
 
     name = serializers.SlugField(max_length=64)
-    kind = serializers.ChoiceField(choices=["slurm"])
-    url = serializers.URLField(max_length=512, help_text="slurmrestd, e.g. http://slurm-head:6820")
-    token = serializers.CharField(max_length=8192, write_only=True, help_text="A JWT; never shown back.")
+    kind = serializers.ChoiceField(choices=["slurm", "kubernetes"])
+    url = serializers.URLField(
+        max_length=512,
+        required=False,
+        help_text="slurmrestd (http://slurm-head:6820) or the Kubernetes API server (https://…:6443)",
+    )
+    token = serializers.CharField(
+        max_length=8192,
+        required=False,
+        write_only=True,
+        help_text="A JWT or a bearer token; never shown back.",
+    )
+    kubeconfig = serializers.CharField(
+        max_length=65536,
+        required=False,
+        write_only=True,
+        trim_whitespace=False,
+        help_text="Kubernetes: a whole kubeconfig, credentials inline (no exec plugins, no file paths).",
+    )
+    caCert = serializers.CharField(
+        max_length=65536,
+        default="",
+        allow_blank=True,
+        write_only=True,
+        help_text="Kubernetes: the PEM bundle that signs the API server's certificate.",
+    )
+    namespace = serializers.CharField(
+        max_length=63, default="orrery", help_text="Kubernetes: the namespace Orrery owns (it must exist)."
+    )
+    runAsUser = serializers.IntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        required=False,
+        help_text="Kubernetes: the uid pods run as (shared).",
+    )
+    runAsGroup = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
+    uids = serializers.DictField(
+        child=serializers.IntegerField(min_value=1, max_value=2**31 - 1),
+        required=False,
+        help_text="Kubernetes, identity accounts or same_name: each POSIX account name's uid.",
+    )
     user = serializers.CharField(max_length=64, default="root", help_text="The Slurm user Orrery acts as.")
     slurmConf = serializers.CharField(
         max_length=1024, default="", allow_blank=True, help_text="slurm.conf for the sbatch client."
@@ -217,6 +259,25 @@ class ClusterOnboardSerializer(serializers.Serializer):
             return check_output_dir(value) if value else value
         except SlurmError as exc:
             raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["kind"] == "slurm":
+            missing = {k: "This field is required." for k in ("url", "token") if not attrs.get(k)}
+        elif attrs.get("kubeconfig"):
+            missing = {
+                k: "Give a kubeconfig, or url, token and caCert: not both."
+                for k in ("url", "token", "caCert")
+                if attrs.get(k)
+            }
+        else:
+            missing = {
+                k: "This field is required (or give a kubeconfig)."
+                for k in ("url", "token")
+                if not attrs.get(k)
+            }
+        if missing:
+            raise serializers.ValidationError(missing)
+        return attrs
 
 
 class NodeSerializer(serializers.ModelSerializer):

@@ -23,12 +23,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from clusters.adapters.kubernetes.client import KubeError
 from clusters.adapters.slurm.api import SlurmError
 from clusters.choices import NodeState
 from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from clusters.selectors import all_clusters, cluster_by_name, gpu_catalog, node_events, resolve_gpu_model
 from clusters.services.identity import map_account, unmap_account
-from clusters.services.onboarding import onboard_slurm
+from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from portal.access import (
     access_job,
     access_token,
@@ -335,7 +336,8 @@ class QueueListView(APIView):
 
 
 class ClusterListView(ListAPIView):
-    """Every cluster; ``POST`` (operators) onboards a Slurm cluster after a connection test."""
+    """Every cluster; ``POST`` (operators) onboards a Slurm or Kubernetes cluster after a
+    connection test."""
 
     serializer_class = ClusterSerializer
     throttle_classes = [ReadThrottle]
@@ -358,6 +360,10 @@ class ClusterListView(ListAPIView):
         form = ClusterOnboardSerializer(data=request.data if isinstance(request.data, dict) else {})
         form.is_valid(raise_exception=True)
         data = form.validated_data
+        if data["kind"] == "kubernetes":
+            cluster = _onboard_kubernetes(data, request.user)
+            context = {"capacity": fleet_capacity([cluster.pk])}
+            return Response(ClusterSerializer(cluster, context=context).data, status=status.HTTP_201_CREATED)
         try:
             cluster, _ = onboard_slurm(
                 data["name"],
@@ -373,6 +379,29 @@ class ClusterListView(ListAPIView):
             raise InputError([(exc.field or "url", f"connection test failed: {exc}")]) from None
         context = {"capacity": fleet_capacity([cluster.pk])}
         return Response(ClusterSerializer(cluster, context=context).data, status=status.HTTP_201_CREATED)
+
+
+def _onboard_kubernetes(data: dict[str, Any], actor: Any) -> Cluster:
+    try:
+        cluster, _ = onboard_kubernetes(
+            data["name"],
+            kubeconfig=data.get("kubeconfig", ""),
+            url=data.get("url", ""),
+            ca=data["caCert"],
+            token=data.get("token", ""),
+            namespace=data["namespace"],
+            identity=data.get("identity"),
+            run_as_uid=data.get("runAsUser"),
+            run_as_gid=data.get("runAsGroup"),
+            uids=data.get("uids"),
+            actor=actor,
+        )
+    except KubeError as exc:
+        tested = exc.apiserver or exc.field == "url"
+        raise InputError(
+            [(exc.field or "url", f"connection test failed: {exc}" if tested else str(exc))]
+        ) from None
+    return cluster
 
 
 @extend_schema_view(get=extend_schema(responses={200: ClusterSerializer, 404: OpenApiResponse(ERROR_SCHEMA)}))

@@ -68,6 +68,10 @@ def build_requests(
         selector |= {label: "podman" for label in labels}  # only the nodes that run images
         if refusal:
             errors.append((f"{p}spec.image", refusal))
+    elif not errors:
+        clusters, refusal = command_clusters(spec.clusters)
+        if refusal:
+            errors.append((f"{p}spec.image", refusal))
     if not errors:
         memo = {} if models is None else models  # one batch: same owner, often the same clusters
         key = ("accounts", tuple(clusters), bool(spec.clusters))
@@ -169,6 +173,22 @@ def image_clusters(asked: list[str]) -> tuple[list[str], set[str], str]:
         return able, labels, ""
     where = f"none of the clusters {', '.join(sorted(named))}" if asked else "no cluster in this fleet"
     return [], set(), f"{where} can run container images; give `run` (a shell command) instead"
+
+
+def command_clusters(asked: list[str]) -> tuple[list[str], str]:
+    """Where a job given as a bare command (no image) may go: ``asked`` (empty: anywhere) less
+    the clusters whose kind runs container images only (Kubernetes), and a refusal when none is
+    left: at submission, never after placement. An empty list back means "anywhere"."""
+    rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
+    named = dict(rows.values_list("name", "kind"))
+    only_images = sorted(n for n, kind in named.items() if kind in ADAPTERS and adapter_for(kind).needs_image)
+    if not only_images:
+        return list(asked), ""
+    able = sorted(set(named) - set(only_images))
+    if able:
+        return able, ""
+    where = f"cluster{'s' if len(only_images) > 1 else ''} {', '.join(only_images)}"
+    return [], f"{where} run{'' if len(only_images) > 1 else 's'} container images only; give `image`"
 
 
 def account_clusters(

@@ -69,6 +69,7 @@ class SlurmAdapter:
     kind: ClassVar[str] = ClusterKind.SLURM
     runs_images: ClassVar[bool] = False
     image_label: ClassVar[str | None] = None
+    needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
     dispatch_batch: ClassVar[int] = 200

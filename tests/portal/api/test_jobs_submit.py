@@ -376,3 +376,19 @@ def test_an_image_job_for_clusters_that_cannot_run_images_is_refused_at_submissi
     assert error_paths(answer) == ["spec.image"]
     assert "none of the clusters lab can run container images" in answer.content.decode()
     assert not Job.objects.exists()
+
+
+def test_a_command_job_never_goes_where_only_images_run(api, alice):
+    from tests.factories import make_cluster, make_node
+
+    k8s = make_cluster("k8s", kind="kubernetes", identity="shared")
+    make_node(k8s, gpus=8, model="h100", name="k8s-1")
+    answer = post_json(api(alice), job_spec())
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["spec"]["placement"]["clusters"] == ["sim-a"]  # anywhere but Kubernetes
+    pinned = post_json(api(alice), job_spec(spec__placement={"clusters": ["k8s"]}))
+    assert pinned.status_code == 400
+    assert error_paths(pinned) == ["spec.image"]
+    assert "cluster k8s runs container images only; give `image`" in pinned.content.decode()
+    image = job_spec(spec__image="ghcr.io/acme/train:1", spec__placement={"clusters": ["k8s"]})
+    assert post_json(api(alice), image).status_code == 201

@@ -1,0 +1,215 @@
+"""An attempt as Kubernetes objects (pure: tested on plain dicts, no client involved).
+
+One attempt is one ``batch/v1`` Job named ``orrery-<attempt id>`` in the cluster's namespace,
+labelled with Orrery's job id, attempt id and the cluster's tag (``LABEL_*``), so a retried
+delivery finds the Job it already created and two Orrery installations sharing a cluster never
+touch each other's Jobs. ``backoffLimit: 0`` and ``restartPolicy: Never``: Orrery owns retries
+(its failover policy may place the next attempt elsewhere).
+
+Placement: **required node affinity on the node's name** (``matchFields metadata.name``, the
+way the DaemonSet controller pins its pods), not ``spec.nodeName``. ``nodeName`` skips the
+scheduler: no fit check against pods Orrery did not place, taints ignored, and a pod the
+kubelet cannot admit (its GPUs taken by a pod the device plugin already served) fails at
+once with ``OutOfnvidia.com/gpu`` instead of waiting. With affinity the scheduler still checks
+the node has the GPUs free and tolerations match, and a pod that does not fit stays Pending
+with the scheduler's reason, which Orrery shows on the job.
+
+Gangs (several nodes): one **Indexed Job** (``completions = parallelism = nodes``) and a
+headless Service named like the Job, so pod *i* answers at ``<job>-<i>.<job>``. One pod template
+cannot pin each index to a different node, so the template allows exactly the chosen nodes
+(node affinity) and forbids two of the gang's pods on one node (required pod anti-affinity on
+``kubernetes.io/hostname``): every chosen node gets one pod, but which index lands where is the
+scheduler's choice. Orrery's GPUs per node are the same on every node of a gang, so nothing
+depends on it. (One Job per rank would pin each rank, at the price of N Jobs to create, watch
+and delete per attempt, and no Job-level "all indices succeeded".) Each pod gets
+``MASTER_ADDR`` (index 0's name), ``MASTER_PORT``, ``WORLD_SIZE`` (nodes) and ``RANK`` (its
+completion index): node-level values for ``torchrun --nnodes=$WORLD_SIZE --node-rank=$RANK``.
+
+Security: no service account token is mounted, no service links; the container runs as a
+non-root uid (``Identity``: the cluster's shared uid or the user's mapped uid) with no
+privilege escalation, every capability dropped and the runtime's seccomp profile. Environment
+comes from the job alone plus the ``ORRERY_*`` names, never from the control plane.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from clusters.adapters.base import Work
+
+LABEL_JOB = "orrery.io/job-id"
+LABEL_ATTEMPT = "orrery.io/attempt-id"
+LABEL_TAG = "orrery.io/tag"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "orrery"}
+CONTAINER = "main"
+MASTER_PORT = 29500
+_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
+
+
+class ManifestError(ValueError):
+    """The attempt cannot become a Job (no image, a bad variable name, root): trying again
+    would not help."""
+
+
+def job_name(attempt_id: str) -> str:
+    """The Job (and Service) of an attempt: a DNS-1123 label (``orrery-`` + a lowercase UUID is
+    43 characters; an indexed pod's hostname adds ``-<index>``, well under 63)."""
+    return f"orrery-{attempt_id.lower()}"
+
+
+def selector(tag: str) -> str:
+    """The label selector of every object one Orrery cluster creates."""
+    return f"{LABEL_TAG}={tag}"
+
+
+def labels(work: Work, tag: str) -> dict[str, str]:
+    return {LABEL_JOB: str(work.job_id), LABEL_ATTEMPT: work.attempt_id, LABEL_TAG: tag, **MANAGED_BY}
+
+
+def job_manifest(
+    work: Work,
+    tag: str,
+    *,
+    uid: int,
+    gid: int,
+    gpu_resource: str = "nvidia.com/gpu",
+    tolerated: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The Job of an attempt, run as ``uid``/``gid`` (never 0), asking for its GPUs as
+    ``gpu_resource`` (a MIG node offers ``nvidia.com/mig-<profile>``; the inventory says which
+    in the node label ``orrery.io/gpu-resource``). Raises ``ManifestError``."""
+    if not work.image:
+        raise ManifestError("a Kubernetes cluster runs container images only: this job gives no image")
+    if not work.shares:
+        raise ManifestError("the attempt holds no node")
+    if uid <= 0 or gid < 0:
+        raise ManifestError("refusing to run a user's work as root")
+    name = job_name(work.attempt_id)
+    nodes = len(work.shares)
+    meta = labels(work, tag)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": {"nodeAffinity": _on_nodes(work.nodes)},
+        # GPU nodes commonly carry this taint so that only GPU pods land there; the cluster's
+        # ``tolerated_taints`` are those its operator lets Orrery's pods run under (the
+        # inventory does not count them as a cordon either).
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *({"key": str(key), "operator": "Exists"} for key in tolerated),
+        ],
+        "containers": [_container(work, name, gpu_resource)],
+    }
+    spec: dict[str, Any] = {"backoffLimit": 0, "template": {"metadata": {"labels": meta}, "spec": pod_spec}}
+    if work.time_limit_s:
+        spec["activeDeadlineSeconds"] = int(work.time_limit_s)
+    if nodes > 1:
+        spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        pod_spec["subdomain"] = name
+        pod_spec["affinity"]["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {LABEL_ATTEMPT: work.attempt_id}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": meta},
+        "spec": spec,
+    }
+
+
+def service_manifest(work: Work, tag: str) -> dict[str, Any]:
+    """The headless Service that gives a gang's pods their DNS names (``<job>-<i>.<job>``);
+    ``publishNotReadyAddresses`` so rank 0 is reachable before every pod is ready."""
+    name = job_name(work.attempt_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels(work, tag)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"batch.kubernetes.io/job-name": name},
+        },
+    }
+
+
+def _on_nodes(nodes: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(set(nodes))}]}
+            ]
+        }
+    }
+
+
+def _container(work: Work, name: str, gpu_resource: str) -> dict[str, Any]:
+    gpus = work.gpus_per_node
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if work.cpu_millicores:
+        requests["cpu"] = f"{work.cpu_millicores}m"
+    if work.memory_bytes:
+        # A memory limit as well: a job past what it asked is OOMKilled (and says so) instead of
+        # starving its neighbours. CPU is not limited: throttling a GPU feeder wastes the GPUs.
+        requests["memory"] = limits["memory"] = str(work.memory_bytes)
+    if gpus:
+        limits[gpu_resource] = str(gpus)  # extended resources: requests default to limits
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": work.image,
+        "env": _env(work, name),
+        "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if work.script:
+        container["command"] = ["/bin/sh", "-c", work.script]
+    return container
+
+
+def _env(work: Work, name: str) -> list[dict[str, Any]]:
+    nodes = len(work.shares)
+    plain = {
+        "ORRERY_JOB_ID": str(work.job_id),
+        "ORRERY_ATTEMPT": str(work.number),
+        "ORRERY_ATTEMPT_ID": work.attempt_id,
+        "ORRERY_NNODES": str(nodes),
+        "ORRERY_GPUS_PER_NODE": str(work.gpus_per_node),
+    }
+    if nodes > 1:
+        plain |= {
+            "MASTER_ADDR": f"{name}-0.{name}",
+            "MASTER_PORT": str(MASTER_PORT),
+            "WORLD_SIZE": str(nodes),
+        }
+    own = {str(k): str(v) for k, v in work.env.items()}
+    bad = [k for k in own if not _ENV_NAME.fullmatch(k)]
+    if bad:
+        raise ManifestError(f"not an environment variable name: {bad[0]!r}")
+    if nodes > 1:
+        own = {k: v for k, v in own.items() if k not in _RESERVED}  # a gang's rendezvous is Orrery's
+    env = [{"name": k, "value": v} for k, v in (own | plain).items()]
+    if nodes > 1:
+        index = {"valueFrom": {"fieldRef": {"fieldPath": _INDEX}}}
+        env += [{"name": "RANK", **index}, {"name": "ORRERY_NODE_RANK", **index}]
+    return env

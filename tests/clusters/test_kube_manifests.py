@@ -1,0 +1,146 @@
+"""Attempts → Kubernetes Jobs (``clusters/adapters/kubernetes/manifests.py``): pure, checked
+against the Jobs a real kube-apiserver accepted (tests/kubefake/recordings/041, 045)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusters.adapters.base import Share, Work
+from clusters.adapters.kubernetes.manifests import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_TAG,
+    ManifestError,
+    job_manifest,
+    job_name,
+    service_manifest,
+)
+
+ATTEMPT = "4f2c9e0a-1b2c-4d3e-8f90-0123456789ab"
+
+
+def work(nodes: int = 1, **fields) -> Work:
+    shares = tuple(Share(i + 1, f"dgx-{i + 1:03d}", (0, 1)) for i in range(nodes))
+    base = dict(
+        attempt_id=ATTEMPT,
+        job_id=42,
+        number=1,
+        epoch=1,
+        script="python train.py",
+        env={"LR": "0.1"},
+        shares=shares,
+        time_limit_s=3600,
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        cpu_millicores=16000,
+        memory_bytes=128 * 2**30,
+    )
+    return Work(**(base | fields))
+
+
+def env_of(job: dict) -> dict:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+def test_one_node_job_is_pinned_by_node_affinity_with_limits_deadline_and_no_retries():
+    job = job_manifest(work(), "t0", uid=1000, gid=1000)
+    name = job["metadata"]["name"]
+    assert name == job_name(ATTEMPT) == f"orrery-{ATTEMPT}" and len(name) <= 63
+    assert job["metadata"]["labels"] == {
+        LABEL_JOB: "42",
+        LABEL_ATTEMPT: ATTEMPT,
+        LABEL_TAG: "t0",
+        "app.kubernetes.io/managed-by": "orrery",
+    }
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (0, 3600)
+    pod = spec["template"]["spec"]
+    assert spec["template"]["metadata"]["labels"][LABEL_ATTEMPT] == ATTEMPT
+    assert "nodeName" not in pod
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["dgx-001"]}]}]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["command"] == ["/bin/sh", "-c", "python train.py"]
+    assert container["resources"] == {
+        "requests": {"cpu": "16000m", "memory": str(128 * 2**30)},
+        "limits": {"memory": str(128 * 2**30), "nvidia.com/gpu": "2"},
+    }
+    assert env_of(job) | {"LR": "0.1"} == env_of(job)
+    assert env_of(job)["ORRERY_ATTEMPT_ID"] == ATTEMPT and "MASTER_ADDR" not in env_of(job)
+
+
+def test_the_pod_runs_as_the_given_non_root_uid_without_privileges():
+    pod = job_manifest(work(), "t0", uid=1234, gid=2345)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (1234, 2345)
+    context = pod["containers"][0]["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+    with pytest.raises(ManifestError, match="root"):
+        job_manifest(work(), "t0", uid=0, gid=0)
+
+
+def test_nothing_of_the_control_planes_environment_reaches_the_pod(monkeypatch):
+    monkeypatch.setenv("ORRERY_SECRET_KEY", "control-plane-only")
+    assert "control-plane-only" not in repr(job_manifest(work(), "t0", uid=1000, gid=1000))
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"image": ""}, "container images only"),
+        ({"env": {"BAD-NAME": "x"}}, "not an environment variable name"),
+    ],
+    ids=["no-image", "bad-env-name"],
+)
+def test_what_can_never_run_is_refused(fields, why):
+    with pytest.raises(ManifestError, match=why):
+        job_manifest(work(**fields), "t0", uid=1000, gid=1000)
+
+
+def test_a_mig_node_is_asked_for_its_own_resource_and_the_clusters_tolerated_taints_are_tolerated():
+    job = job_manifest(
+        work(), "t0", uid=1000, gid=1000, gpu_resource="nvidia.com/mig-1g.10gb", tolerated=["dedicated"]
+    )
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "2"
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
+
+
+def test_an_image_without_a_script_runs_its_own_command():
+    container = job_manifest(work(script=""), "t0", uid=1000, gid=1000)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "command" not in container
+
+
+def test_a_gang_is_an_indexed_job_on_exactly_its_nodes_one_pod_each_with_rendezvous_env():
+    job = job_manifest(work(nodes=3, env={"RANK": "7"}), "t0", uid=1000, gid=1000)
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    pod = spec["template"]["spec"]
+    name = job["metadata"]["name"]
+    assert pod["subdomain"] == name
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms[0]["matchFields"][0]["values"] == ["dgx-001", "dgx-002", "dgx-003"]
+    (anti,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti == {
+        "labelSelector": {"matchLabels": {LABEL_ATTEMPT: ATTEMPT}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    env = env_of(job)
+    assert (
+        env["MASTER_ADDR"] == f"{name}-0.{name}" and env["WORLD_SIZE"] == "3" and env["ORRERY_NNODES"] == "3"
+    )
+    index = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["RANK"] == index == env["ORRERY_NODE_RANK"]  # the job's own RANK cannot override it
+    service = service_manifest(work(nodes=3), "t0")
+    assert service["metadata"]["name"] == name and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
