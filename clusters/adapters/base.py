@@ -102,6 +102,9 @@ class Work:
     #: What the job asked for on each node (0: nothing asked), for limits where a kind sets them.
     cpu_millicores: int = 0
     memory_bytes: int = 0
+    #: The names in ``env`` whose values are secret (the job's ``secretEnv``): a kind that can
+    #: keep them apart from the job's definition does (Kubernetes: a Secret object).
+    secret_names: frozenset[str] = frozenset()
 
     @property
     def nodes(self) -> tuple[str, ...]:

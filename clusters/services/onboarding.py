@@ -21,7 +21,7 @@ from clusters.adapters.registry import adapter_for
 from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmClient, SlurmError
 from clusters.adapters.slurm.inventory import collect
-from clusters.adapters.slurm.tags import new_tag
+from clusters.adapters.tags import new_tag
 from clusters.choices import ClusterKind, ClusterState, Identity
 from clusters.models import POSIX_NAME, Cluster, ClusterSecret
 from foundation import audit
@@ -115,6 +115,7 @@ KUBE_PERMISSIONS: tuple[tuple[str, str, str, str, bool], ...] = (
     *((verb, "pods", "", "", True) for verb in ("get", "list", "watch", "delete")),
     ("get", "pods", "log", "", True),
     *((verb, "services", "", "", True) for verb in ("create", "get", "delete")),
+    *((verb, "secrets", "", "", True) for verb in ("create", "get", "delete")),
 )
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 

@@ -79,7 +79,8 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         number=number,
         epoch=epoch,
         script=shell_command(command, spec.get("setup") or "", spec.get("workdir") or ""),
-        env=env | unseal(secret) if secret else env,  # the running job alone sees secret values
+        env=env | (secrets := unseal(secret) if secret else {}),  # the running job alone sees them
+        secret_names=frozenset(secrets),
         shares=tuple(Share(n, name, tuple(g)) for n, (name, g) in shares.items()),
         time_limit_s=time_limit_s,
         remote_id=remote_id,

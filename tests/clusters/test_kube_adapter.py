@@ -7,6 +7,7 @@ recordings of a real server without controllers."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -189,8 +190,9 @@ def test_missing_permissions_are_named_by_verb_and_resource(kube):
     message = str(caught.value)
     assert caught.value.field == "token"
     assert (
-        "orrery-minimal may not: list pods at the cluster scope; watch pods at the cluster scope (" in message
+        "orrery-minimal may not: list pods at the cluster scope; watch pods at the cluster scope;" in message
     )
+    assert 'create secrets in namespace "orrery"' in message  # the reference role predates secret env
     with pytest.raises(KubeError) as unbound:
         onboard(kube, token=kube.unbound_token)
     for words in (
@@ -454,6 +456,19 @@ def test_cancel_deletes_the_job_its_pods_and_its_service_with_no_garbage_collect
     # Bound running pods are deleted gracefully: marked, then gone once their kubelet stops them.
     assert all(p["metadata"].get("deletionTimestamp") for p in kube.objects("pods", NS))
     assert adapter.cancel(k8s, [job_name(w.attempt_id)]) == 1  # already gone: nothing to refuse
+
+
+def test_secret_env_lives_in_a_secret_never_in_the_job_and_goes_with_it(kube, k8s):
+    w = work(k8s, env={"PLAIN": "p", "HF_TOKEN": "hf-s3cr3t"}, secret_names=frozenset({"HF_TOKEN"}))
+    (sent,) = dispatch(k8s, w)
+    assert sent.error == "", sent.error
+    (job,) = kube.objects("jobs", NS)
+    assert "hf-s3cr3t" not in json.dumps(job) and "PLAIN" in json.dumps(job)
+    (secret,) = kube.objects("secrets", NS)
+    assert secret["metadata"]["name"] == job["metadata"]["name"]
+    assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == "hf-s3cr3t"
+    assert adapter.cancel(k8s, [job_name(w.attempt_id)]) == 1
+    assert kube.objects("secrets", NS) == []
 
 
 def test_jobs_of_attempts_not_asked_about_are_orphans_and_a_vanished_job_fails(kube, k8s):

@@ -13,6 +13,7 @@ from clusters.adapters.kubernetes.manifests import (
     ManifestError,
     job_manifest,
     job_name,
+    secret_manifest,
     service_manifest,
 )
 
@@ -144,3 +145,15 @@ def test_a_gang_is_an_indexed_job_on_exactly_its_nodes_one_pod_each_with_rendezv
     service = service_manifest(work(nodes=3), "t0")
     assert service["metadata"]["name"] == name and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
+
+
+def test_secret_values_are_referred_to_never_written_into_the_job():
+    w = work(env={"LR": "0.1", "WANDB_KEY": "s3cr3t"}, secret_names=frozenset({"WANDB_KEY"}))
+    job = job_manifest(w, "t0", uid=1000, gid=1000)
+    assert "s3cr3t" not in str(job)
+    name = job["metadata"]["name"]
+    assert env_of(job)["WANDB_KEY"] == {"secretKeyRef": {"name": name, "key": "WANDB_KEY"}}
+    assert env_of(job)["LR"] == "0.1"
+    secret = secret_manifest(w, "t0")
+    assert secret["metadata"]["name"] == name and set(secret["data"]) == {"WANDB_KEY"}
+    assert secret_manifest(work(), "t0") is None  # nothing secret: no Secret

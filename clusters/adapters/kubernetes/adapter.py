@@ -44,11 +44,12 @@ from clusters.adapters.kubernetes.manifests import (
     LABEL_TAG,
     ManifestError,
     job_manifest,
+    secret_manifest,
     selector,
     service_manifest,
 )
 from clusters.adapters.kubernetes.states import attempt_state
-from clusters.adapters.slurm.tags import cluster_tag
+from clusters.adapters.tags import cluster_tag
 from clusters.choices import ClusterKind, Identity
 from clusters.models import Cluster, ClusterSecret, Node
 
@@ -99,11 +100,16 @@ class KubernetesAdapter:
                     tolerated=tolerated,
                 )
                 service = service_manifest(work, tag) if len(work.shares) > 1 else None
+                secret = secret_manifest(work, tag)
             except (NoAccount, ManifestError) as exc:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
                 continue
             try:
+                if secret is not None:  # first: the Job's pods read their secret env from it
+                    _create(
+                        core.create_namespaced_secret, core.read_namespaced_secret, namespace, secret, tag
+                    )
                 if service is not None:
                     _create(
                         core.create_namespaced_service, core.read_namespaced_service, namespace, service, tag
@@ -179,6 +185,7 @@ class KubernetesAdapter:
                         _request_timeout=TIMEOUT,
                     )
                 _gone_ok(core.delete_namespaced_service, name, namespace, _request_timeout=TIMEOUT)
+                _gone_ok(core.delete_namespaced_secret, name, namespace, _request_timeout=TIMEOUT)
                 done += 1
             except (ApiException, urllib3.exceptions.HTTPError) as exc:
                 log.warning("could not delete Job %s on %s: %s", name, cluster.name, describe(exc))

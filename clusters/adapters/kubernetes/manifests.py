@@ -33,6 +33,7 @@ comes from the job alone plus the ``ORRERY_*`` names, never from the control pla
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -133,6 +134,22 @@ def job_manifest(
     }
 
 
+def secret_manifest(work: Work, tag: str) -> dict[str, Any] | None:
+    """The attempt's secret environment as a Secret named like its Job, or None when it has
+    none. The Job's spec only refers to it (``secretKeyRef``), so reading Jobs or pods does not
+    show a secret value; the adapter deletes the Secret with the Job."""
+    values = {k: str(v) for k, v in work.env.items() if k in work.secret_names}
+    if not values:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": job_name(work.attempt_id), "labels": labels(work, tag)},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
+    }
+
+
 def service_manifest(work: Work, tag: str) -> dict[str, Any]:
     """The headless Service that gives a gang's pods their DNS names (``<job>-<i>.<job>``);
     ``publishNotReadyAddresses`` so rank 0 is reachable before every pod is ready."""
@@ -208,7 +225,12 @@ def _env(work: Work, name: str) -> list[dict[str, Any]]:
         raise ManifestError(f"not an environment variable name: {bad[0]!r}")
     if nodes > 1:
         own = {k: v for k, v in own.items() if k not in _RESERVED}  # a gang's rendezvous is Orrery's
-    env = [{"name": k, "value": v} for k, v in (own | plain).items()]
+    env = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": name, "key": k}}}
+        if k in work.secret_names
+        else {"name": k, "value": v}
+        for k, v in (own | plain).items()
+    ]
     if nodes > 1:
         index = {"valueFrom": {"fieldRef": {"fieldPath": _INDEX}}}
         env += [{"name": "RANK", **index}, {"name": "ORRERY_NODE_RANK", **index}]

@@ -30,7 +30,8 @@ from clusters.adapters.slurm.accounts import (
 )
 from clusters.adapters.slurm.api import SlurmError, decode_exit, job_state, raw_job_state
 from clusters.adapters.slurm.inventory import client_for, collect
-from clusters.adapters.slurm.tags import claim, cluster_tag, comment, submitted_job
+from clusters.adapters.slurm.tags import claim, comment, submitted_job
+from clusters.adapters.tags import cluster_tag
 from clusters.choices import ClusterKind
 from clusters.models import Cluster, Node
 

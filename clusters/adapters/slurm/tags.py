@@ -1,9 +1,8 @@
 """Which Slurm jobs belong to which Orrery cluster.
 
 Several Orrery clusters may front one Slurm (two partitions, a staging and a production
-installation). Each has its own random tag (``Cluster.config["tag"]``, made at onboarding, or
-at first use for a cluster onboarded before tags), written on each of its jobs as the Slurm
-comment ``orrery:<tag>``: sync, orphan detection and the "already submitted?" check look at
+installation). Each has its own tag (``clusters.adapters.tags``), written on each of its jobs as
+the Slurm comment ``orrery:<tag>``: sync, orphan detection and the "already submitted?" check look at
 jobs carrying the cluster's own tag only, so no cluster ever adopts, fails or cancels a job of
 another. A job whose Slurm id is the one recorded for an attempt is that attempt's job whatever
 its comment says (its owner may rewrite the comment; jobs submitted before tags have none).
@@ -11,37 +10,14 @@ its comment says (its owner may rewrite the comment; jobs submitted before tags 
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import transaction
-
 from clusters.adapters.base import Orphan, Work
 from clusters.adapters.slurm.api import job_state
-from clusters.models import Cluster
 
 LIVE = frozenset({"PENDING", "HELD", "RUNNING", "STARTING"})
-
-
-def new_tag() -> str:
-    return secrets.token_hex(8)
-
-
-def cluster_tag(cluster: Cluster) -> str:
-    """The cluster's tag, made and saved once if it has none (under a row lock, so two workers
-    starting at once agree on one tag)."""
-    tag = cluster.config.get("tag")
-    if tag:
-        return str(tag)
-    with transaction.atomic():
-        locked = Cluster.objects.select_for_update().only("config").get(pk=cluster.pk)
-        tag = locked.config.get("tag") or new_tag()
-        if locked.config.get("tag") != tag:
-            Cluster.objects.filter(pk=cluster.pk).update(config={**locked.config, "tag": tag})
-    cluster.config = {**cluster.config, "tag": tag}
-    return str(tag)
 
 
 def comment(tag: str) -> str:
