@@ -198,7 +198,8 @@ _PERIODIC = {
     "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 1.0),
     "sync-clusters": ("scheduling.tasks.sync_clusters_task", 1.0),
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
-    "cluster-inventory": ("clusters.tasks.take_inventories_task", 10.0),
+    # every 2 s; each kind keeps its own pace (adapter.inventory_every_s)
+    "cluster-inventory": ("clusters.tasks.take_inventories_task", 2.0),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
 CELERY_BEAT_SCHEDULE = {

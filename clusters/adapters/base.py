@@ -191,6 +191,9 @@ class ClusterAdapter(Protocol):
     #: True when inventory is read from the cluster's own API (periodically); False when nodes
     #: register and report themselves through the agent API.
     pulls_inventory: ClassVar[bool]
+    #: How often a pulled inventory is taken (seconds): the periodic task beats faster and each
+    #: kind keeps its own pace (a watched cluster's pass reads memory; a polled one asks its API).
+    inventory_every_s: ClassVar[float]
     #: How often the cluster is synced (seconds); None when it pushes its reports itself.
     sync_every_s: ClassVar[float | None]
     #: At most this many attempts are handed to one ``dispatch`` call.

@@ -24,6 +24,7 @@ class NativeAdapter:
     needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = False
+    inventory_every_s: ClassVar[float] = 10.0
     dispatch_batch: ClassVar[int] = 5000
     sync_every_s: ClassVar[float | None] = None  # agents push their reports
 

@@ -30,6 +30,7 @@ class SimulatedAdapter:
     needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = False
     pulls_inventory: ClassVar[bool] = False
+    inventory_every_s: ClassVar[float] = 10.0
     dispatch_batch: ClassVar[int] = 20_000  # as many as one cycle places
     sync_every_s: ClassVar[float | None] = 1.0
 

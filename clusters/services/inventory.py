@@ -8,6 +8,7 @@ from clusters.adapters.base import AdapterError
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.choices import ClusterState
 from clusters.models import Cluster
+from foundation.pacing import due
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,11 @@ def take_inventories() -> int:
     """Refresh every enabled cluster of a kind that pulls its inventory; one that cannot be
     reached is logged and left to the lifecycle, which marks it unreachable when its nodes fall
     silent. Returns how many clusters answered."""
-    kinds = [k for k in ADAPTERS if adapter_for(k).pulls_inventory]
+    kinds = [
+        k
+        for k in ADAPTERS
+        if adapter_for(k).pulls_inventory and due(f"orrery:inventory:{k}", adapter_for(k).inventory_every_s)
+    ]
     done = 0
     for cluster in Cluster.objects.filter(kind__in=kinds).exclude(state=ClusterState.DISABLED):
         try:

@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.core.cache import cache
-
 from clusters.adapters.base import AdapterError, Orphan, Phase, RemoteState
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
+from foundation.pacing import due
 from scheduling.dispatch.remote import apply_remote_states, past_time_limit
 from scheduling.dispatch.works import load_works
 from scheduling.models import JobAttempt
@@ -95,7 +94,11 @@ def sync_due_clusters(now: float | None = None) -> int:
     work already there must still finish). One that cannot be reached is logged and skipped.
     Returns how many clusters were synced."""
     now = now or time.time()
-    kinds = [k for k in ADAPTERS if adapter_for(k).sync_every_s is not None and _due(k, now)]
+    kinds = [
+        k
+        for k in ADAPTERS
+        if (every := adapter_for(k).sync_every_s) is not None and due(f"orrery:synced:{k}", every, now)
+    ]
     done = 0
     for cluster in Cluster.objects.filter(kind__in=kinds):
         try:
@@ -106,14 +109,3 @@ def sync_due_clusters(now: float | None = None) -> int:
         except Exception:  # one broken cluster must not stop the others' sync
             log.exception("sync of %s cluster %s failed", cluster.kind, cluster.name)
     return done
-
-
-def _due(kind: str, now: float) -> bool:
-    """Whether a kind's interval has passed since its last pass (shared by every worker through
-    the cache; half a second of slack so a one-second beat does not skip every other turn)."""
-    key = f"orrery:synced:{kind}"
-    last = cache.get(key)
-    if last is not None and now - last < (adapter_for(kind).sync_every_s or 0) - 0.5:
-        return False
-    cache.set(key, now, 3600)
-    return True

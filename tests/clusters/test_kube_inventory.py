@@ -683,6 +683,23 @@ def test_inventory_through_the_api_server(kube_cluster, fake, adapter_client, in
     )
 
 
+def test_a_pass_with_nothing_changed_skips_and_a_change_is_taken_at_the_next(
+    kube_cluster, fake, adapter_client, inventory_from, django_assert_num_queries
+):
+    from clusters.adapters.kubernetes.inventory import informers_for, take_inventory
+
+    fake.add_gpu_node("h100-a")
+    first = inventory_from(kube_cluster, adapter_client)
+    with django_assert_num_queries(0):  # nothing moved: no database work at all
+        assert take_inventory(kube_cluster, adapter_client) is first
+    nodes, _ = informers_for(kube_cluster, adapter_client)
+    before = nodes.changes
+    fake.cordon("h100-a")
+    settle(lambda: nodes.changes > before)
+    inventory_from(kube_cluster, adapter_client)
+    assert kube_cluster.nodes.get(name="h100-a").state == "cordoned"
+
+
 def test_without_the_right_to_read_pods_the_inventory_goes_on(
     kube_cluster, kube, kube_client, inventory_from, caplog
 ):

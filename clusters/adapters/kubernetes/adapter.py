@@ -72,6 +72,7 @@ class KubernetesAdapter:
     needs_image: ClassVar[bool] = True
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
+    inventory_every_s: ClassVar[float] = 2.0  # a pass reads the informers; unchanged, it skips
     dispatch_batch: ClassVar[int] = 100
     sync_every_s: ClassVar[float | None] = 2.0  # a pass reads the watches' local store only
 

@@ -357,7 +357,24 @@ def take_inventory(cluster: Cluster, api_client: k8s.ApiClient, *, sync_timeout_
             cluster,
             pods.last_error or "no answer yet",
         )
-    return apply_inventory(cluster, nodes.objects().values(), pods.objects().values())
+    # Passes come every 2 s (adapter.inventory_every_s); one that finds neither store changed
+    # since this process's last full pass, which is recent enough to have refreshed the nodes'
+    # heartbeats, does nothing. A change therefore reaches the scheduler within about 2 s.
+    seen = (nodes, nodes.changes, pods, pods.changes, pods.has_synced())
+    last = _last_pass.get(cluster.pk)
+    same = last is not None and all(a is b or a == b for a, b in zip(last[0], seen, strict=True))
+    if same and time.monotonic() - last[1] < REFRESH_S:
+        return last[2]
+    inventory = apply_inventory(cluster, nodes.objects().values(), pods.objects().values())
+    _last_pass[cluster.pk] = (seen, time.monotonic(), inventory)
+    return inventory
+
+
+# A full pass at least this often (seconds), changes or not: it refreshes the nodes' heartbeats,
+# which the lifecycle judges against ORRERY_NODE_GRACE.
+REFRESH_S = 10.0
+# cluster id → (the stores' change counters, when, what) of this process's last full pass
+_last_pass: dict[int, tuple[tuple[Informer, int, Informer, int, bool], float, Inventory]] = {}
 
 
 # --- into Orrery ------------------------------------------------------------------------------

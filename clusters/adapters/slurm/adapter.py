@@ -73,6 +73,7 @@ class SlurmAdapter:
     needs_image: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
+    inventory_every_s: ClassVar[float] = 10.0
     dispatch_batch: ClassVar[int] = 200
     sync_every_s: ClassVar[float | None] = 5.0
 
