@@ -13,14 +13,16 @@ from foundation.pacing import due
 log = logging.getLogger(__name__)
 
 
-def take_inventories() -> int:
-    """Refresh every enabled cluster of a kind that pulls its inventory; one that cannot be
-    reached is logged and left to the lifecycle, which marks it unreachable when its nodes fall
-    silent. Returns how many clusters answered."""
+def take_inventories(*, paced: bool = True) -> int:
+    """Refresh every enabled cluster of a kind that pulls its inventory and whose pace
+    (``adapter.inventory_every_s``) has come round — every such cluster with ``paced=False``;
+    one that cannot be reached is logged and left to the lifecycle, which marks it unreachable
+    when its nodes fall silent. Returns how many clusters answered."""
     kinds = [
         k
         for k in ADAPTERS
-        if adapter_for(k).pulls_inventory and due(f"orrery:inventory:{k}", adapter_for(k).inventory_every_s)
+        if adapter_for(k).pulls_inventory
+        and (not paced or due(f"orrery:inventory:{k}", adapter_for(k).inventory_every_s))
     ]
     done = 0
     for cluster in Cluster.objects.filter(kind__in=kinds).exclude(state=ClusterState.DISABLED):

@@ -305,7 +305,7 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
 
     cluster = hpc
     with TestCase.captureOnCommitCallbacks(execute=True):
-        take_inventories()
+        take_inventories(paced=False)
     flush_heartbeats()
     running = make_job(
         alice, queue, gpus=1, model="a100", placement={"clusters": ["hpc"]}, command="sleep 120"
@@ -320,7 +320,7 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     pidfile = Path(slurm["SLURM_CONF"]).parents[1] / "run/slurmrestd.pid"
     subprocess.run(["kill", "-TERM", pidfile.read_text().strip()], check=True)
     try:
-        wait(lambda: take_inventories() == 0, "slurmrestd to stop answering", timeout=10)
+        wait(lambda: take_inventories(paced=False) == 0, "slurmrestd to stop answering", timeout=10)
         later = timezone.now() + timedelta(seconds=41)  # past NODE_GRACE with no word from Slurm
         run_node_lifecycle(now=later)
         cluster.refresh_from_db()
@@ -333,7 +333,7 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     finally:
         subprocess.run([slurm["script"], "up"], capture_output=True, check=True, timeout=120)
     with TestCase.captureOnCommitCallbacks(execute=True):  # the collector's heartbeats, after commit
-        assert take_inventories() == 1
+        assert take_inventories(paced=False) == 1
     flush_heartbeats()
     run_node_lifecycle(now=timezone.now() + timedelta(seconds=31))  # NODE_RECOVERY of good reports
     cluster.refresh_from_db()
