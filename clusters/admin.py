@@ -244,14 +244,12 @@ class ClusterAdmin(admin.ModelAdmin):
                     exc.field if exc.field in form.fields else None, f"Connection test failed: {exc}"
                 )
             else:
-                note = f"Cluster {cluster.name}: slurmrestd {cluster.config['api']}, "
-                note += f"{collected.nodes} nodes, {collected.gpus} GPUs."
-                if collected.unknown_gpu_types:
-                    note += " GPU types not in the catalog: " + ", ".join(collected.unknown_gpu_types)
-                self.message_user(request, note, messages.SUCCESS)
-                return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
-        context = self.admin_site.each_context(request) | {"form": form, "title": "Add a Slurm cluster"}
-        return TemplateResponse(request, "admin/clusters/cluster/onboard_slurm.html", context)
+                return self._onboarded(request, cluster, collected, "slurmrestd")
+        intro = (
+            "Orrery tests the connection to slurmrestd before it adds anything, and says what is wrong. "
+            "The token is stored apart from the cluster's settings and never shown again."
+        )
+        return self._onboard_page(request, form, "Add a Slurm cluster", intro)
 
     def onboard_kubernetes_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_onboard_permission(request):
@@ -279,14 +277,26 @@ class ClusterAdmin(admin.ModelAdmin):
                 prefix = "Connection test failed: " if exc.apiserver or exc.field == "url" else ""
                 form.add_error(field if field in form.fields else None, f"{prefix}{exc}")
             else:
-                note = f"Cluster {cluster.name}: Kubernetes {cluster.config['api']}, "
-                note += f"{collected.nodes} nodes, {collected.gpus} GPUs."
-                if collected.unknown_gpu_types:
-                    note += " GPU types not in the catalog: " + ", ".join(collected.unknown_gpu_types)
-                self.message_user(request, note, messages.SUCCESS)
-                return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
-        context = self.admin_site.each_context(request) | {"form": form, "title": "Add a Kubernetes cluster"}
-        return TemplateResponse(request, "admin/clusters/cluster/onboard_kubernetes.html", context)
+                return self._onboarded(request, cluster, collected, "Kubernetes")
+        intro = (
+            "Orrery tests the connection to the API server before it adds anything — the certificate, "
+            "the credential, each permission it needs and the namespace — and says what is wrong. The "
+            "kubeconfig or token is sealed apart from the cluster's settings and never shown again. The "
+            "minimal RBAC is in docs/clusters/kubernetes.md."
+        )
+        return self._onboard_page(request, form, "Add a Kubernetes cluster", intro)
+
+    def _onboarded(self, request: HttpRequest, cluster: Cluster, collected: Any, server: str) -> HttpResponse:
+        note = f"Cluster {cluster.name}: {server} {cluster.config['api']}, "
+        note += f"{collected.nodes} nodes, {collected.gpus} GPUs."
+        if collected.unknown_gpu_types:
+            note += " GPU types not in the catalog: " + ", ".join(collected.unknown_gpu_types)
+        self.message_user(request, note, messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:clusters_cluster_change", args=[cluster.pk]))
+
+    def _onboard_page(self, request: HttpRequest, form: Any, title: str, intro: str) -> HttpResponse:
+        context = self.admin_site.each_context(request) | {"form": form, "title": title, "intro": intro}
+        return TemplateResponse(request, "admin/clusters/cluster/onboard.html", context)
 
     @admin.action(description="Test the connection (Slurm)")
     def test_connection(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
