@@ -174,11 +174,21 @@ def onboard_kubernetes(
             raise KubeError("the CA bundle is PEM (-----BEGIN CERTIFICATE-----)", "caCert")
         conn = Connection(url=url, ca=ca, token=token)
         secret = {"token": token, "ca": ca}
+    known = Cluster.objects.filter(name=name).values_list("config", flat=True).first() or {}
+    if known.get("namespace", namespace) != namespace:
+        raise KubeError(
+            f"the cluster already runs its work in namespace {known['namespace']!r}; a new namespace "
+            "would strand it — add the cluster again under another name instead",
+            "namespace",
+        )
     version, user = check_kubernetes(conn, namespace, credential="kubeconfig" if kubeconfig else "token")
     before = (
         Cluster.objects.select_for_update().filter(name=name).values_list("config", flat=True).first() or {}
     )
+    # Onboarding again (a rotated credential) keeps what the operator set before unless told
+    # otherwise: tolerated taints, the uids of accounts, the shared uid, the tag.
     config = {
+        **before,
         "url": conn.url,
         "namespace": namespace,
         "api": version,

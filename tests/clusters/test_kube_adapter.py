@@ -332,6 +332,31 @@ def test_a_foreign_job_under_the_attempts_name_is_refused_not_adopted(kube, k8s)
     assert sent.remote_id == "" and "already exists" in sent.error and "not this attempt's" in sent.error
 
 
+def test_a_job_that_cannot_be_made_leaves_no_secret_behind(kube, k8s):
+    w = work(k8s, env={"TOKEN": "s3cr3t"}, secret_names=frozenset({"TOKEN"}))
+    foreign = {
+        "metadata": {"name": job_name(w.attempt_id)},
+        "spec": {
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "b"}]}}
+        },
+    }
+    kube.cluster.create("jobs", NS, foreign)
+    (sent,) = dispatch(k8s, w)
+    assert "already exists" in sent.error
+    assert kube.objects("secrets", NS) == []
+
+
+def test_onboarding_again_keeps_the_operators_settings_and_its_namespace(kube, k8s):
+    Cluster.objects.filter(pk=k8s.pk).update(
+        config=dict(k8s.config, tolerated_taints=["maintenance"], uids={"alice": 1500})
+    )
+    again = onboard(kube)  # a rotated credential
+    assert again.config["tolerated_taints"] == ["maintenance"] and again.config["uids"] == {"alice": 1500}
+    with pytest.raises(KubeError) as moved:
+        onboard(kube, namespace="default")
+    assert moved.value.field == "namespace"
+
+
 def test_what_can_never_run_fails_at_once(kube, k8s):
     (sent,) = dispatch(k8s, work(k8s, image=""))
     assert sent.phase is Phase.FAILED and "container images only" in sent.message

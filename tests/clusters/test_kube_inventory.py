@@ -726,6 +726,25 @@ def test_an_unlisted_cluster_is_an_adapter_error(kube_cluster, kube, kube_client
         forget_all()
 
 
+def test_a_cluster_that_stops_answering_gets_no_heartbeats_from_the_last_answer(
+    kube_cluster, fake, adapter_client, inventory_from, monkeypatch
+):
+    from clusters.adapters.base import AdapterError
+    from clusters.adapters.kubernetes import inventory
+    from clusters.adapters.kubernetes.inventory import informers_for, take_inventory
+
+    fake.add_gpu_node("h100-a")
+    inventory_from(kube_cluster, adapter_client)
+    monkeypatch.setattr(inventory, "STALE_AFTER_S", 0.3)
+    monkeypatch.setattr(inventory, "REFRESH_S", 0.0)  # every pass a full one, as after 10 s
+    nodes, _ = informers_for(kube_cluster, adapter_client)
+    del fake.users[fake.adapter_token]  # the credential revoked…
+    fake.store.close_all()  # …and the open watch broken: every reconnection is refused (401)
+    settle(lambda: nodes.failing_for() > 0.3)
+    with pytest.raises(AdapterError, match="the node watch has failed for"):
+        take_inventory(kube_cluster, adapter_client)
+
+
 @pytest.fixture
 def kube_cluster(kube, db):
     from tests.factories import ensure_catalog, make_cluster

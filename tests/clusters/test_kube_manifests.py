@@ -157,3 +157,16 @@ def test_secret_values_are_referred_to_never_written_into_the_job():
     secret = secret_manifest(w, "t0")
     assert secret["metadata"]["name"] == name and set(secret["data"]) == {"WANDB_KEY"}
     assert secret_manifest(work(), "t0") is None  # nothing secret: no Secret
+
+
+def test_which_gpus_a_container_sees_is_never_the_jobs_to_say():
+    greedy = {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "all",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    with_gpus = env_of(job_manifest(work(env=greedy), "t0", uid=1000, gid=1000))
+    assert "NVIDIA_VISIBLE_DEVICES" not in with_gpus and "NVIDIA_DRIVER_CAPABILITIES" not in with_gpus
+    assert with_gpus["CUDA_VISIBLE_DEVICES"] == "0"  # narrowing what the device plugin gave is fine
+    cpu_only = work(env=greedy, shares=(Share(1, "dgx-001", ()),))
+    assert env_of(job_manifest(cpu_only, "t0", uid=1000, gid=1000))["NVIDIA_VISIBLE_DEVICES"] == "void"

@@ -110,13 +110,12 @@ def test_an_unscheduled_pod_is_queued_with_the_schedulers_reason():
     assert attempt_state("a1", last("045", "Job"), []).phase is Phase.QUEUED  # no pod yet
 
 
-def test_a_pod_lost_with_its_node_waits_for_node_loss_handling_instead_of_failing():
+@pytest.mark.parametrize("reason", ["DeletionByPodGC", "DeletionByTaintManager", "TerminationByKubelet"])
+def test_a_pod_lost_with_its_node_waits_for_node_loss_handling_instead_of_failing(reason):
     running = objects("052", "Pod")[1]
     gc = copy.deepcopy(running)
     gc["status"]["phase"] = "Failed"
-    gc["status"]["conditions"].append(
-        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}
-    )
+    gc["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason})
     failed_job = job_with([("FailureTarget", "BackoffLimitExceeded"), ("Failed", "BackoffLimitExceeded")])
     for job, pod, gone in ((failed_job, gc, ()), (last("041", "Job"), running, ("dgx-h100-001",))):
         state = attempt_state("a1", job, [pod], gone_nodes=gone)

@@ -14,6 +14,7 @@ local store. What the watches say becomes Orrery's states through ``states.attem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import defaultdict
@@ -37,7 +38,13 @@ from clusters.adapters.base import (
 )
 from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, connection_from, namespace_of
 from clusters.adapters.kubernetes.informer import watched
-from clusters.adapters.kubernetes.inventory import GPU, RESOURCE_LABEL, VANISHED, take_inventory
+from clusters.adapters.kubernetes.inventory import (
+    GPU,
+    RESOURCE_LABEL,
+    STALE_AFTER_S,
+    VANISHED,
+    take_inventory,
+)
 from clusters.adapters.kubernetes.manifests import (
     CONTAINER,
     LABEL_ATTEMPT,
@@ -55,7 +62,7 @@ from clusters.models import Cluster, ClusterSecret, Node
 
 log = logging.getLogger(__name__)
 LOG_LIMIT = 1 << 20  # the first MiB of each pod's output is copied (JobLog keeps one MiB per node)
-SYNCED_WITHIN_S = 20.0  # how long a first sync waits for the watches' initial lists
+SYNCED_WITHIN_S = 5.0  # how long a sync waits for the watches' first lists (they go on in the background)
 DEFAULT_UID = 1000
 
 
@@ -106,18 +113,24 @@ class KubernetesAdapter:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
                 continue
+            made = []  # what this delivery created before its Job: removed if the Job is not made
             try:
                 if secret is not None:  # first: the Job's pods read their secret env from it
                     _create(
                         core.create_namespaced_secret, core.read_namespaced_secret, namespace, secret, tag
                     )
+                    made.append(core.delete_namespaced_secret)
                 if service is not None:
                     _create(
                         core.create_namespaced_service, core.read_namespaced_service, namespace, service, tag
                     )
+                    made.append(core.delete_namespaced_service)
                 _create(batch.create_namespaced_job, batch.read_namespaced_job, namespace, job, tag)
             except (ApiException, urllib3.exceptions.HTTPError, KubeError) as exc:
                 log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
+                for delete in made:  # no secret value left behind by an attempt that never ran
+                    with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+                        _gone_ok(delete, job["metadata"]["name"], namespace, _request_timeout=TIMEOUT)
                 yield Sent(work.attempt_id, error=describe(exc)[:1000])
             else:
                 yield Sent(work.attempt_id, remote_id=job["metadata"]["name"])
@@ -296,6 +309,8 @@ def _watches(cluster: Cluster, api: k8s.ApiClient) -> tuple[Any, Any]:
             raise AdapterError(
                 f"the {informer.name} watch has not listed yet: {informer.last_error or 'waiting'}"
             )
+        if informer.failing_for() > STALE_AFTER_S:
+            raise AdapterError(f"the {informer.name} watch has failed for a while: {informer.last_error}")
     return jobs, pods
 
 

@@ -129,6 +129,7 @@ class Informer:
             "changes": 0,
         }
         self.last_error = ""
+        self._failing_since: float | None = None  # monotonic time of the first failure in a row
 
     # --- reading --------------------------------------------------------------------------
     def objects(self) -> dict[str, Obj]:
@@ -149,6 +150,13 @@ class Informer:
     def changes(self) -> int:
         """How many store changes so far: compare two readings to know whether anything moved."""
         return self.stats["changes"]
+
+    def failing_for(self) -> float:
+        """Seconds since the API server last answered this informer well, while it fails (0
+        when the last list or watch connected). A store that stopped updating must not be
+        taken for the cluster's present state."""
+        since = self._failing_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def has_synced(self) -> bool:
         return self._synced.is_set()
@@ -209,6 +217,8 @@ class Informer:
                     break
                 self.stats["errors"] += 1
                 self.last_error = _describe(exc)
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
                 log.warning("informer %s: %s", self.name, self.last_error)
                 self._stop.wait(self._next_backoff())
 
@@ -239,6 +249,7 @@ class Informer:
         self._tell(events)  # before "synced": a consumer that waited has been told everything
         self._synced.set()
         self._failures = 0
+        self._failing_since = None
 
     def _list_pages(self) -> tuple[list[Obj], str]:
         items: list[Obj] = []
@@ -297,6 +308,7 @@ class Informer:
                 raise Expired(str(exc.reason)) from exc
             raise
         self._response = response
+        self._failing_since = None  # the server answered: the store is live again
         self.stats["watches"] += 1
         events = 0
         try:

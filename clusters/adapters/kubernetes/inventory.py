@@ -339,15 +339,21 @@ def informers_for(cluster: Cluster, api_client: k8s.ApiClient) -> tuple[Informer
     return nodes, pods
 
 
-def take_inventory(cluster: Cluster, api_client: k8s.ApiClient, *, sync_timeout_s: float = 60.0) -> Inventory:
+def take_inventory(cluster: Cluster, api_client: k8s.ApiClient, *, sync_timeout_s: float = 5.0) -> Inventory:
     """One inventory pass from the informers' stores (they list once, then watch: a pass reads
     memory, not the API server). Raises ``AdapterError`` until the nodes have been listed.
 
     Reading every namespace's pods needs ``list``/``watch`` on pods at the cluster scope. Where
     that is refused, the pass goes on without subtracting foreign pods, and says so in the log."""
     nodes, pods = informers_for(cluster, api_client)
+    # A short wait: the informer goes on listing in the background, and a cluster that does not
+    # answer must not hold up the other clusters' passes (their heartbeats) behind it.
     if not nodes.wait_synced(sync_timeout_s):
         raise AdapterError(f"cannot list nodes: {nodes.last_error or 'no answer yet'}")
+    if nodes.failing_for() > STALE_AFTER_S:
+        # No heartbeats from a store that stopped updating: the nodes fall silent and the
+        # lifecycle judges them (not ready, then failover), as for any cluster out of reach.
+        raise AdapterError(f"the node watch has failed for {nodes.failing_for():.0f} s: {nodes.last_error}")
     deadline = time.monotonic() + sync_timeout_s
     while not pods.wait_synced(0.05) and not pods.stats["errors"] and time.monotonic() < deadline:
         pass
@@ -370,6 +376,8 @@ def take_inventory(cluster: Cluster, api_client: k8s.ApiClient, *, sync_timeout_
     return inventory
 
 
+# An informer failing this long (seconds) no longer speaks for the cluster.
+STALE_AFTER_S = 30.0
 # A full pass at least this often (seconds), changes or not: it refreshes the nodes' heartbeats,
 # which the lifecycle judges against ORRERY_NODE_GRACE.
 REFRESH_S = 10.0

@@ -49,6 +49,9 @@ MASTER_PORT = 29500
 _INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
+# Which GPUs a container sees is the device plugin's to say, never the job's: with the NVIDIA
+# runtime's environment-variable strategy, a job naming ``all`` would see GPUs others hold.
+_DEVICE_VARIABLES = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"})
 
 
 class ManifestError(ValueError):
@@ -223,6 +226,9 @@ def _env(work: Work, name: str) -> list[dict[str, Any]]:
     bad = [k for k in own if not _ENV_NAME.fullmatch(k)]
     if bad:
         raise ManifestError(f"not an environment variable name: {bad[0]!r}")
+    own = {k: v for k, v in own.items() if k not in _DEVICE_VARIABLES}
+    if not work.gpus_per_node:
+        plain["NVIDIA_VISIBLE_DEVICES"] = "void"  # no GPU asked: none visible, whatever the image says
     if nodes > 1:
         own = {k: v for k, v in own.items() if k not in _RESERVED}  # a gang's rendezvous is Orrery's
     env = [

@@ -46,7 +46,10 @@ STUCK = frozenset(
     }
 )
 #: Why a pod was removed with its node (a ``DisruptionTarget`` condition's reason).
-NODE_LOSS = frozenset({"DeletionByPodGC", "TerminationByKubelet"})
+# DisruptionTarget reasons that mean the node went away under the pod: the pod garbage
+# collector, the kubelet's shutdown, and the taint manager evicting from a node that stopped
+# answering (300 s after NotReady by default). Orrery's failover, not the job's exit, decides.
+NODE_LOSS = frozenset({"DeletionByPodGC", "TerminationByKubelet", "DeletionByTaintManager"})
 
 
 def attempt_state(
