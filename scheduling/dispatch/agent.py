@@ -19,6 +19,7 @@ from django.core.cache import cache
 
 from clusters.adapters.base import LogChunk, Phase, RemoteState
 from clusters.models import Node
+from foundation.sealing import seal, unseal
 from scheduling.choices import ACTIVE_STATES
 from scheduling.dispatch.desired import TTL_S, desired_key
 from scheduling.dispatch.remote import apply_remote_states
@@ -31,8 +32,22 @@ MAX_LOG_GAP = 64 << 20  # a chunk may skip at most this much output (an agent's 
 
 def desired_for_node(node_id: int) -> list[dict[str, Any]]:
     cached = cache.get(desired_key(node_id))
-    if cached is not None:
-        return cached
+    if cached is None:
+        cached = _desired(node_id)
+        cache.set(desired_key(node_id), cached, TTL_S)
+    return [_opened(entry) for entry in cached]
+
+
+def _opened(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the agent gets it: secret values unsealed into ``env`` (the cache, Redis in
+    production, holds them sealed)."""
+    sealed = entry.get("sealed_env")
+    if not sealed:
+        return {k: v for k, v in entry.items() if k != "sealed_env"}
+    return {k: v for k, v in entry.items() if k != "sealed_env"} | {"env": entry["env"] | unseal(sealed)}
+
+
+def _desired(node_id: int) -> list[dict[str, Any]]:
     works = load_works(
         JobAttempt.objects.filter(
             active=True,
@@ -58,7 +73,8 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
                 "number": work.number,
                 "epoch": work.epoch,
                 "script": work.script,
-                "env": dict(work.env),
+                "env": {k: v for k, v in work.env.items() if k not in work.secret_names},
+                "sealed_env": seal({k: work.env[k] for k in work.secret_names}) if work.secret_names else "",
                 # the POSIX account to run as: a name, "" for the cluster's shared account,
                 # None when the job's owner has none here (the agent refuses to start it)
                 "user": work.run_as,
@@ -72,7 +88,6 @@ def desired_for_node(node_id: int) -> list[dict[str, Any]]:
                 "head_addr": (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node,
             }
         )
-    cache.set(desired_key(node_id), desired, TTL_S)
     return desired
 
 

@@ -320,7 +320,15 @@ def credentials_of(api_client: k8s.ApiClient) -> str:
     """A fingerprint of where and as whom ``api_client`` connects: new credentials, new
     informers (``informer.watched``'s ``generation``)."""
     c = api_client.configuration
-    parts = [c.host, repr(sorted((c.api_key or {}).items())), c.ssl_ca_cert, c.cert_file, c.key_file]
+    parts = [
+        c.host,
+        repr(sorted((c.api_key or {}).items())),
+        c.ssl_ca_cert,
+        getattr(c, "ca_cert_data", None),  # how a stored CA bundle travels (not as a file)
+        getattr(c, "tls_server_name", None),
+        c.cert_file,
+        c.key_file,
+    ]
     return hashlib.sha256("\0".join(str(p) for p in parts).encode()).hexdigest()[:16]
 
 

@@ -282,3 +282,23 @@ def test_bad_secret_environments_name_the_field(api, alice, queue, env, secret, 
         document["spec"]["secretEnv"] = secret
     response = submit(api(alice), document)
     assert response.status_code == 400 and path in error_paths(response), response.content
+
+
+def test_secret_values_reach_the_agent_and_stay_sealed_in_the_cache(api, alice, queue, fleet):
+    from django.core.cache import cache
+
+    from scheduling.dispatch.agent import desired_for_node
+    from scheduling.dispatch.desired import desired_key
+    from scheduling.services.allocations import NodePlacement, bind_job
+
+    document = job_spec(spec__resources__gpus="h100:1", spec__secretEnv={"HF_TOKEN": "s3cr3t-agent"})
+    created = submit(api(alice), document)
+    assert created.status_code == 201, created.content
+    node = fleet.h100[0]
+    bind_job(Job.objects.get(pk=created.json()["id"]), [NodePlacement(node, [0])])
+    cache.delete(desired_key(node.pk))
+    (entry,) = desired_for_node(node.pk)
+    assert entry["env"]["HF_TOKEN"] == "s3cr3t-agent" and "sealed_env" not in entry  # the agent gets it
+    assert "s3cr3t" not in json.dumps(cache.get(desired_key(node.pk)))  # Redis holds it sealed
+    (again,) = desired_for_node(node.pk)  # from the cache: the same answer
+    assert again["env"]["HF_TOKEN"] == "s3cr3t-agent"
