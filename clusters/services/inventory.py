@@ -25,10 +25,14 @@ def take_inventories(*, paced: bool = True) -> int:
         and (not paced or due(f"orrery:inventory:{k}", adapter_for(k).inventory_every_s))
     ]
     done = 0
-    for cluster in Cluster.objects.filter(kind__in=kinds).exclude(state=ClusterState.DISABLED):
+    enabled = list(Cluster.objects.filter(kind__in=kinds).exclude(state=ClusterState.DISABLED))
+    for cluster in enabled:
         try:
             adapter_for(cluster.kind).inventory(cluster)
             done += 1
         except AdapterError as exc:
             log.warning("%s cluster %s: %s", cluster.kind, cluster.name, exc)
+    for kind in kinds:  # what a kind keeps per cluster in this process (watches) ends with it
+        if forget := getattr(adapter_for(kind), "forget_others", None):
+            forget({c.pk for c in enabled if c.kind == kind})
     return done

@@ -576,3 +576,16 @@ def test_one_job_api_places_work_on_kubernetes_next_to_other_kinds_and_the_heatm
     heatmap = client.get("/fleet/nodes.json").json()
     shown = {(c, n) for c, n in zip(heatmap["cluster"], heatmap["name"], strict=True)}
     assert {("k8s", "gpu-1"), ("k8s", "gpu-2"), ("lab", "lab-1")} <= shown
+
+
+def test_a_disabled_or_deleted_cluster_is_no_longer_watched(kube, k8s):
+    from clusters.adapters.kubernetes.informer import watched_clusters
+    from clusters.services.inventory import take_inventories
+
+    dispatch(k8s, work(k8s))
+    adapter.sync(k8s, [])  # the Job and pod watches start too
+    assert k8s.pk in watched_clusters()
+    assert take_inventories(paced=False) == 1 and k8s.pk in watched_clusters()
+    Cluster.objects.filter(pk=k8s.pk).update(state="disabled")
+    assert take_inventories(paced=False) == 0
+    assert k8s.pk not in watched_clusters()  # nodes, pods, Jobs: every watch of it stopped

@@ -37,7 +37,7 @@ from clusters.adapters.base import (
     Work,
 )
 from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, connection_from, namespace_of
-from clusters.adapters.kubernetes.informer import watched
+from clusters.adapters.kubernetes.informer import forget, watched, watched_clusters
 from clusters.adapters.kubernetes.inventory import (
     GPU,
     RESOURCE_LABEL,
@@ -167,6 +167,11 @@ class KubernetesAdapter:
             if attempt and attempt not in asked
         ]
         return Synced(states=states, output=output, orphans=orphans)
+
+    def forget_others(self, keep: set[int]) -> int:
+        """Stop this process's watches of clusters no longer enabled (deleted, disabled): the
+        inventory pass calls it with the enabled ones. Returns how many informers stopped."""
+        return sum(forget(key) for key in watched_clusters() - keep)
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
         """Delete Jobs (background propagation), and their pods and Service ourselves: a cluster

@@ -441,6 +441,12 @@ def forget(cluster_key: Any, resource: str | None = None) -> int:
     return len(stopped)
 
 
+def watched_clusters() -> set[Any]:
+    """The cluster keys this process has informers for."""
+    with _registry_lock:
+        return {key[0] for key in _informers}
+
+
 def forget_all() -> int:
     """Stop every informer of the process (tests; shutting down)."""
     with _registry_lock:
