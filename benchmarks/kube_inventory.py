@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
@@ -50,38 +49,12 @@ def main() -> None:
     args = parser.parse_args()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
-    base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
-    db_name = f"orrery_kubeinv_{os.getpid()}"
-    os.environ.update(
-        {
-            "DATABASE_URL": base.rsplit("/", 1)[0] + f"/{db_name}",
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "ORRERY_LOG_LEVEL": "WARNING",
-            "ORRERY_SCHEDULER_RESYNC_S": "3600",
-        }
-    )
-    os.environ.pop("REDIS_URL", None)  # the in-process heartbeat buffer: one process here
-    import psycopg
+    from benchmarks.throwaway import throwaway_database
 
-    admin = base.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with throwaway_database("orrery_kubeinv"):
         result = run(args.nodes, args.changes, say)
         result["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(result, indent=None if args.json else 2))
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
 
 def run(nodes: int, changes: int, say) -> dict:

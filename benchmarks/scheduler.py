@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import statistics
@@ -48,32 +47,14 @@ def main() -> None:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     random.seed(args.seed)
 
-    base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
-    db_name = f"orrery_sched_{os.getpid()}"
-    os.environ.update(
-        {
-            "DATABASE_URL": base.rsplit("/", 1)[0] + f"/{db_name}",
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "ORRERY_LOG_LEVEL": "WARNING",
-            "ORRERY_SCHEDULER_RESYNC_S": "3600",
-        }
-    )
-    os.environ.pop("REDIS_URL", None)
-    import psycopg
+    from benchmarks.throwaway import throwaway_database
 
-    admin = base.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
-    try:
-        import django
+    with throwaway_database("orrery_sched") as url:
+        import psycopg
 
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
         say("building the fleet and the queue")
         workload = build(args.nodes, args.jobs, args.clusters)
-        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
         result = {"nodes": args.nodes, "jobs": args.jobs, "gpus": args.nodes * 8}
         result["per_cycle_limit"] = args.per_cycle
@@ -81,12 +62,6 @@ def main() -> None:
         result["limit_placements_per_s"] = bare_numpy(workload)
         result["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(result, indent=None if args.json else 2))
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
 
 def build(nodes: int, jobs: int, clusters: int) -> dict:

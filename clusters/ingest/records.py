@@ -165,6 +165,27 @@ def node_name(report: Any, path: str) -> str:
     return _text(report.get("node"), f"{path}.node" if path else "node", 120, optional=False)
 
 
+def collector_record(
+    node_id: int, cluster_id: int, *, boot: str, agent: str, gpus: list[list[Any]], now: float
+) -> dict[str, Any]:
+    """A heartbeat a collector (Slurm, Kubernetes) writes for a node it reads from its cluster's
+    API, in the agents' record shape: no sequence of its own (the time in ms), no host metrics."""
+    return {
+        "n": node_id,
+        "c": cluster_id,
+        "b": boot,
+        "q": int(now * 1000),
+        "t": now,
+        "s": "",
+        "cpu": None,
+        "mem": None,
+        "pw": None,
+        "av": agent,
+        "g": gpus,
+        "r": [],
+    }
+
+
 def summarise(record: dict[str, Any]) -> dict[str, Any]:
     """The slim form the aggregator reads every pass: liveness, a fingerprint of the slow facts,
     and the GPU sums the roll-ups need — a fraction of the full record's size.

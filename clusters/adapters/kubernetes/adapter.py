@@ -36,13 +36,14 @@ from clusters.adapters.base import (
     Synced,
     Work,
 )
-from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, connection_from, namespace_of
+from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, namespace_of
 from clusters.adapters.kubernetes.informer import forget, watched, watched_clusters
 from clusters.adapters.kubernetes.inventory import (
     GPU,
     RESOURCE_LABEL,
     STALE_AFTER_S,
     VANISHED,
+    credentials_of,
     take_inventory,
 )
 from clusters.adapters.kubernetes.manifests import (
@@ -58,7 +59,7 @@ from clusters.adapters.kubernetes.manifests import (
 from clusters.adapters.kubernetes.states import attempt_state
 from clusters.adapters.tags import cluster_tag
 from clusters.choices import ClusterKind, Identity
-from clusters.models import Cluster, ClusterSecret, Node
+from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
 LOG_LIMIT = 1 << 20  # the first MiB of each pod's output is copied (JobLog keeps one MiB per node)
@@ -293,7 +294,7 @@ def _watches(cluster: Cluster, api: k8s.ApiClient) -> tuple[Any, Any]:
     """The running Job and pod informers of this cluster's tag (started on first use); raises
     ``AdapterError`` while they have not listed yet."""
     namespace, tag = namespace_of(cluster), cluster_tag(cluster)
-    generation = _generation(cluster)
+    generation = credentials_of(api) + "/" + namespace
     batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
     jobs = watched(
         cluster.pk,
@@ -317,12 +318,6 @@ def _watches(cluster: Cluster, api: k8s.ApiClient) -> tuple[Any, Any]:
         if informer.failing_for() > STALE_AFTER_S:
             raise AdapterError(f"the {informer.name} watch has failed for a while: {informer.last_error}")
     return jobs, pods
-
-
-def _generation(cluster: Cluster) -> str:
-    row = ClusterSecret.objects.filter(cluster=cluster).only("sealed").first()
-    data = row.data if row is not None else {}
-    return connection_from(cluster.config, data).fingerprint() + "/" + namespace_of(cluster)
 
 
 def _create(create: Any, read: Any, namespace: str, body: dict[str, Any], tag: str) -> None:

@@ -66,6 +66,7 @@ from clusters.adapters.base import AdapterError, Inventory
 from clusters.adapters.kubernetes.informer import Informer, watched
 from clusters.choices import OPERATOR_NODE_STATES, GpuHealth, NodeState
 from clusters.ingest.buffer import get_buffer
+from clusters.ingest.records import collector_record
 from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, Node
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
 from clusters.services.nodes import set_node_state
@@ -601,19 +602,8 @@ def _heartbeats(
                 health = "unhealthy" if why else "healthy"
                 gpus.append([i, "", "", None, None, None, None, None, health, None, why or ""])
         records.append(
-            {
-                "n": pk,
-                "c": cluster.pk,
-                "b": view.boot_id or _BOOT,
-                "q": int(now * 1000),
-                "t": now,
-                "s": "",
-                "cpu": None,
-                "mem": None,
-                "pw": None,
-                "av": _agent(view),
-                "g": gpus,
-                "r": [],
-            }
+            collector_record(
+                pk, cluster.pk, boot=view.boot_id or _BOOT, agent=_agent(view), gpus=gpus, now=now
+            )
         )
     return records

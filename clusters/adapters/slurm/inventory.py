@@ -12,6 +12,7 @@ from clusters.adapters.base import Inventory
 from clusters.adapters.slurm.api import SlurmClient, SlurmNode
 from clusters.choices import OPERATOR_NODE_STATES, NodeState
 from clusters.ingest.buffer import get_buffer
+from clusters.ingest.records import collector_record
 from clusters.models import Cluster, ClusterSecret, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
@@ -57,21 +58,11 @@ def collect(cluster: Cluster, client: SlurmClient | None = None) -> Inventory:
         gpus += n.gpus if model else 0
         _follow_slurm_state(existing[n.name], n)
         if n.state == NodeState.READY:
+            devices = [[i, "", "", 0, None, None, None, None, "healthy", None] for i in range(n.gpus)]
             records.append(
-                {
-                    "n": existing[n.name],
-                    "c": cluster.pk,
-                    "b": _BOOT,
-                    "q": int(now * 1000),
-                    "t": now,
-                    "s": "",
-                    "cpu": None,
-                    "mem": None,
-                    "pw": None,
-                    "av": "slurm",
-                    "g": [[i, "", "", 0, None, None, None, None, "healthy", None] for i in range(n.gpus)],
-                    "r": [],
-                }
+                collector_record(
+                    existing[n.name], cluster.pk, boot=_BOOT, agent="slurm", gpus=devices, now=now
+                )
             )
     if records:  # after commit: onboarding creates the nodes in the same transaction
         transaction.on_commit(lambda: get_buffer().put(records))
