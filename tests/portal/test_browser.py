@@ -131,11 +131,11 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     page.evaluate("window.loadedOnce = true")
     assert run_cycle(SchedulerCache()).placed == 1
     page.wait_for_function(
-        "() => document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=10_000
+        "() => document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=30_000
     )
     drain_outbox()
     page.wait_for_function(
-        "() => document.querySelector('#job-state').textContent === 'RUNNING'", timeout=10_000
+        "() => document.querySelector('#job-state').textContent === 'RUNNING'", timeout=30_000
     )
     assert page.evaluate("window.loadedOnce") is True  # the same document all along
     page.wait_for_selector("#placement dt")
@@ -144,7 +144,7 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
 
     page.click('#job-actions button[data-action="cancel"]')
     page.wait_for_function(
-        "() => document.querySelector('#job-state').textContent === 'CANCELLED'", timeout=10_000
+        "() => document.querySelector('#job-state').textContent === 'CANCELLED'", timeout=30_000
     )
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
 
