@@ -363,5 +363,9 @@ ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
+# A cycle's stall bound (scheduling/engine/cycle/lock.py): each statement, lock wait and idle
+# pause of a cycle is cut at this many seconds, and a holder of the scheduling lock whose
+# transaction has run longer is terminated and replaced by the next cycle attempted elsewhere.
+ORRERY_SCHEDULER_STALL_S = float(os.environ.get("ORRERY_SCHEDULER_STALL_S", 10))
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))
