@@ -164,6 +164,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;",
         "transaction_mode": "IMMEDIATE",
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A dead peer is noticed in about 25 s rather than the kernel's two hours: TCP keepalives on
+    # both ends (the server's through "options"), so a vanished worker's session ends and a
+    # vanished server fails the worker's call; and a connect that hangs gives up after 5 s.
+    DATABASES["default"]["OPTIONS"] = {
+        "connect_timeout": 5,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "options": "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3",
+        **DATABASES["default"].get("OPTIONS", {}),  # what the URL's query string says wins
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis, cache, channels, celery -----------------------------------------------------------
