@@ -1,8 +1,11 @@
 """One scheduling cycle, in numbered phases with per-phase timing (as Kueue's ``schedule()``).
 
-1. **Lock** (``lock``). A transaction-scoped PostgreSQL advisory lock: a second concurrent cycle
-   finds it taken and does nothing. (SQLite, the embedded default: a process lock.) The epoch —
-   the fencing token every attempt carries — is bumped in the same transaction.
+1. **Lock** (``lock``). The transaction is bounded by ``ORRERY_SCHEDULER_STALL_S`` (statement,
+   lock-wait and idle-in-transaction timeouts), then takes a transaction-scoped PostgreSQL
+   advisory lock: a second concurrent cycle finds it taken and does nothing, unless the holder's
+   transaction is older than the bound — then the holder is terminated and replaced. (SQLite, the
+   embedded default: a process lock.) The epoch — the fencing token every attempt carries — is
+   bumped in the same transaction.
 2. **Sync** (``SchedulerCache.ensure``). The cache brings the snapshot and the pending queue up
    to date from the event logs.
 3. **Decide** (``decide``). Equivalence classes in queue-sort order; for each head job:
@@ -17,7 +20,9 @@
 5. **Explain** (``explain``). Pending reasons, written only when they change (and at most every
    10 s per class).
 
-``run_cycle`` runs the phases in order and reports what they did (``CycleReport``).
+``run_cycle`` runs the phases in order and reports what they did (``CycleReport``). A cycle the
+database rolls back (a lost race, a timeout, a terminated connection) is logged, counted and
+reported as ``aborted``, never raised.
 """
 
 from __future__ import annotations
@@ -118,9 +123,10 @@ def run_cycle(cache: SchedulerCache | None = None, *, limit: int | None = None) 
         except Exception:
             cache.invalidate()
             raise
-    _last_cycle_age(report)
     if outcome is None:
+        _last_cycle_age()
         return report
+    LAST_CYCLE_AGE.set(time.perf_counter() - started)  # it stamped last_cycle_at as it began
     placed, lost, blocked = outcome
     report.placed, report.lost_races = len(placed), len(lost)
     report.unschedulable_classes = len(blocked)
@@ -194,8 +200,9 @@ def _aborted(report: CycleReport, exc: DatabaseError) -> bool:
     return True
 
 
-def _last_cycle_age(report: CycleReport) -> None:
-    """Seconds since any scheduler last committed a cycle, on every attempt (best effort)."""
+def _last_cycle_age() -> None:
+    """After a cycle that committed nothing: seconds since any scheduler last committed one
+    (best effort; one primary-key read)."""
     try:
         at = SchedulerState.objects.filter(pk=1).values_list("last_cycle_at", flat=True).first()
     except DatabaseError:
