@@ -164,6 +164,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;",
         "transaction_mode": "IMMEDIATE",
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A dead peer is noticed in about 25 s rather than the kernel's two hours: TCP keepalives on
+    # both ends (the server's through "options"), so a vanished worker's session ends and a
+    # vanished server fails the worker's call; and a connect that hangs gives up after 5 s.
+    DATABASES["default"]["OPTIONS"] = {
+        "connect_timeout": 5,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "options": "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3",
+        **DATABASES["default"].get("OPTIONS", {}),  # what the URL's query string says wins
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis, cache, channels, celery -----------------------------------------------------------
@@ -363,5 +376,9 @@ ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
+# A cycle's stall bound (scheduling/engine/cycle/lock.py): each statement, lock wait and idle
+# pause of a cycle is cut at this many seconds, and a holder of the scheduling lock whose
+# transaction has run longer is terminated and replaced by the next cycle attempted elsewhere.
+ORRERY_SCHEDULER_STALL_S = float(os.environ.get("ORRERY_SCHEDULER_STALL_S", 10))
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))

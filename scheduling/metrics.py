@@ -12,3 +12,21 @@ PENDING_JOBS = Gauge("orrery_scheduler_pending_jobs", "Pending jobs by queue.", 
 GPUS = Gauge(
     "orrery_gpus", "GPUs by model, cluster and kind (total, allocated).", ["model", "cluster", "kind"]
 )
+CYCLES_ABORTED = Counter(
+    "orrery_scheduler_cycles_aborted_total",
+    "Cycles rolled back by the database, by reason: conflict (another scheduler's writes won), "
+    "timeout (a statement, lock wait or pause past ORRERY_SCHEDULER_STALL_S), connection (lost).",
+    ["reason"],
+)
+CYCLES_SKIPPED = Counter(
+    "orrery_scheduler_cycles_skipped_total",
+    "Cycles that did nothing because another scheduler held the lock.",
+)
+TAKEOVERS = Counter(
+    "orrery_scheduler_takeovers_total", "Stalled holders of the scheduling lock terminated and replaced."
+)
+LAST_CYCLE_AGE = Gauge(
+    "orrery_scheduler_last_cycle_age_seconds",
+    "Seconds since the last committed cycle of any scheduler (SchedulerState.last_cycle_at), "
+    "as of this process's last cycle attempt.",
+)

@@ -343,7 +343,13 @@ class SchedulerCache:
 
     def refresh_jobs(self, job_ids: set[int]) -> None:
         """Bring the cache in line with the database for these jobs: pending or not, holding
-        what. Idempotent."""
+        what. Idempotent, and independent of the order the jobs are visited in.
+
+        Two passes: first every job whose holding changed gives back what it was counted for,
+        then every job not counted is counted as it holds now. One pass would be wrong when a
+        sync sees both a release of job X and another worker's placement of job Y on X's GPU:
+        counting Y first finds the GPU still held by X and takes nothing, then X's release frees
+        it, and a GPU that Y holds looks free."""
         snap = self.snap
         assert snap is not None
         jobs = {j.pk: j for j in Job.objects.filter(pk__in=job_ids)}
@@ -352,17 +358,18 @@ class SchedulerCache:
             job_id__in=job_ids, active=True
         ).values_list("job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"):
             active[job_id].append((node_id, gpu_id, cpu, memory))
+        for job_id in job_ids:
+            counted = self.held.get(job_id)
+            # Which rows, not how many: a job requeued and placed again by another process holds
+            # as many GPUs as before, elsewhere.
+            held_now = {(n, g) for n, g, _, _ in active.get(job_id, [])}
+            if counted is not None and _holding(counted) != held_now:
+                self._release(job_id)
         gpu_index = None
         for job_id in job_ids:
             job = jobs.get(job_id)
             held_now = active.get(job_id, [])
-            counted = self.held.get(job_id)
-            # Which rows, not how many: a job requeued and placed again by another process holds
-            # as many GPUs as before, elsewhere.
-            if counted is not None and _holding(counted) != {(n, g) for n, g, _, _ in held_now}:
-                self._release(job_id)
-                counted = None
-            if counted is None and held_now:
+            if job_id not in self.held and held_now:
                 if gpu_index is None:
                     gpu_index = {
                         dev: (row, idx) for row, ids in enumerate(snap.gpu_ids) for idx, dev in ids.items()

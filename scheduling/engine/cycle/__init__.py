@@ -1,8 +1,11 @@
 """One scheduling cycle, in numbered phases with per-phase timing (as Kueue's ``schedule()``).
 
-1. **Lock** (``lock``). A transaction-scoped PostgreSQL advisory lock: a second concurrent cycle
-   finds it taken and does nothing. (SQLite, the embedded default: a process lock.) The epoch —
-   the fencing token every attempt carries — is bumped in the same transaction.
+1. **Lock** (``lock``). The transaction is bounded by ``ORRERY_SCHEDULER_STALL_S`` (statement,
+   lock-wait and idle-in-transaction timeouts), then takes a transaction-scoped PostgreSQL
+   advisory lock: a second concurrent cycle finds it taken and does nothing, unless the holder's
+   transaction is older than the bound — then the holder is terminated and replaced. (SQLite, the
+   embedded default: a process lock.) The epoch — the fencing token every attempt carries — is
+   bumped in the same transaction.
 2. **Sync** (``SchedulerCache.ensure``). The cache brings the snapshot and the pending queue up
    to date from the event logs.
 3. **Decide** (``decide``). Equivalence classes in queue-sort order; for each head job:
@@ -17,7 +20,9 @@
 5. **Explain** (``explain``). Pending reasons, written only when they change (and at most every
    10 s per class).
 
-``run_cycle`` runs the phases in order and reports what they did (``CycleReport``).
+``run_cycle`` runs the phases in order and reports what they did (``CycleReport``). A cycle the
+database rolls back (a lost race, a timeout, a terminated connection) is logged, counted and
+reported as ``aborted``, never raised.
 """
 
 from __future__ import annotations
@@ -31,23 +36,38 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache as django_cache
-from django.db import transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    OperationalError,
+    connection,
+    transaction,
+)
+from django.utils import timezone
 
 from foundation.performance import collector_paused
 from scheduling.engine.cache import SchedulerCache, scheduler_cache
 from scheduling.engine.cycle import commit, decide, explain, lock
+from scheduling.engine.framework import JobView, Placement
 from scheduling.engine.policies import active_profile
-from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, GPUS, PENDING_JOBS
+from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, CYCLES_ABORTED, GPUS, LAST_CYCLE_AGE, PENDING_JOBS
+from scheduling.models import SchedulerState
 
 __all__ = ["RECENT_CYCLES_KEY", "CycleReport", "run_cycle"]
 
 log = logging.getLogger(__name__)
 RECENT_CYCLES_KEY = "orrery:recent-cycles"  # the last 50 cycles, for the console's scheduler page
+_Outcome = tuple[list[Placement], list[JobView], list[decide.Blocked]]
+_CONFLICT = {"23505", "40001", "40P01"}  # unique violation, serialization failure, deadlock
+_TIMEOUT = {"57014", "55P03", "25P03"}  # statement timeout, lock timeout, idle in transaction
 
 
 @dataclass
 class CycleReport:
-    """What one call of ``run_cycle`` did; ``ran`` is False when another cycle held the lock."""
+    """What one call of ``run_cycle`` did; ``ran`` is False when another cycle held the lock,
+    ``aborted`` says why the database rolled back a cycle that ran."""
 
     ran: bool = False
     epoch: int = 0
@@ -55,6 +75,7 @@ class CycleReport:
     lost_races: int = 0
     unschedulable_classes: int = 0
     pending: int = 0
+    aborted: str = ""  # why the database rolled the cycle back (conflict, timeout, connection)
     phases_ms: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -78,7 +99,12 @@ class _Phases:
 
 
 def run_cycle(cache: SchedulerCache | None = None, *, limit: int | None = None) -> CycleReport:
-    """Run one cycle; returns what it did. ``cache`` defaults to the process's scheduler cache."""
+    """Run one cycle; returns what it did. ``cache`` defaults to the process's scheduler cache.
+
+    A cycle the database rolls back — it lost a race at commit, it ran past the stall bound, its
+    connection was terminated (a takeover) or lost — returns with ``aborted`` set instead of
+    raising: nothing of it is committed, the cache is dropped (the next cycle rebuilds it from
+    the database) and a broken connection is closed, so the next cycle gets a fresh one."""
     cache = cache or scheduler_cache()
     report = CycleReport()
     phase = _Phases(report)
@@ -88,31 +114,20 @@ def run_cycle(cache: SchedulerCache | None = None, *, limit: int | None = None) 
             return report  # another cycle is running: this one is a no-op
         try:
             with transaction.atomic():
-                with phase("1_lock"):
-                    if not lock.advisory_lock():
-                        return report
-                    report.ran = True
-                    report.epoch = lock.next_epoch()
-                with phase("2_sync"):
-                    snap = cache.ensure()
-                with phase("3_decide"):
-                    decisions, blocked = decide.decide(
-                        active_profile(),
-                        cache,
-                        snap,
-                        report.epoch,
-                        limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
-                    )
-                with phase("4_commit"):
-                    placed, lost, attempt_ids = commit.commit(decisions, snap, report.epoch)
-                    cache.placed_by_us.update(attempt_ids)
-                    for job in lost:
-                        cache.forget_lost(job)
-                with phase("5_explain"):
-                    explain.explain(cache, blocked)
-        except Exception:
+                outcome = _phases(cache, report, phase, limit)
+        except DatabaseError as exc:
             cache.invalidate()  # assumed decisions died with the transaction
+            if not _aborted(report, exc):
+                raise  # a programming error is not a race: let it be seen
+            outcome = None
+        except Exception:
+            cache.invalidate()
             raise
+    if outcome is None:
+        _last_cycle_age()
+        return report
+    LAST_CYCLE_AGE.set(time.perf_counter() - started)  # it stamped last_cycle_at as it began
+    placed, lost, blocked = outcome
     report.placed, report.lost_races = len(placed), len(lost)
     report.unschedulable_classes = len(blocked)
     report.pending = len(cache.queue)
@@ -123,6 +138,79 @@ def run_cycle(cache: SchedulerCache | None = None, *, limit: int | None = None) 
     _gauges(cache)
     _remember(report)
     return report
+
+
+def _phases(cache: SchedulerCache, report: CycleReport, phase: _Phases, limit: int | None) -> _Outcome | None:
+    """The five phases, in the caller's transaction; None when another scheduler holds the lock."""
+    with phase("1_lock"):
+        stall_s = settings.ORRERY_SCHEDULER_STALL_S
+        lock.bound_transaction(stall_s)
+        if not lock.advisory_lock(stall_s):
+            return None
+        report.ran = True
+        report.epoch = lock.next_epoch()
+    with phase("2_sync"):
+        snap = cache.ensure()
+    with phase("3_decide"):
+        decisions, blocked = decide.decide(
+            active_profile(),
+            cache,
+            snap,
+            report.epoch,
+            limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
+        )
+    with phase("4_commit"):
+        placed, lost, attempt_ids = commit.commit(decisions, snap, report.epoch)
+        cache.placed_by_us.update(attempt_ids)
+        for job in lost:
+            cache.forget_lost(job)
+    with phase("5_explain"):
+        explain.explain(cache, blocked)
+    return placed, lost, blocked
+
+
+def _aborted(report: CycleReport, exc: DatabaseError) -> bool:
+    """If the database rolled the cycle back for a reason of its own (a race, a timeout, a lost
+    connection): say why, count it, drop a broken connection and return True."""
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or ""
+    if isinstance(exc, IntegrityError) or sqlstate in _CONFLICT:
+        reason = "conflict"
+        constraint = getattr(getattr(cause, "diag", None), "constraint_name", None)
+        what = f"another scheduler's writes won ({constraint or sqlstate})"
+    elif sqlstate in _TIMEOUT:
+        reason = "timeout"
+        what = f"it ran past the stall bound of {settings.ORRERY_SCHEDULER_STALL_S:g} s"
+    elif isinstance(exc, (OperationalError, InterfaceError, InternalError)):
+        reason = "connection"
+        what = "its database connection was terminated or lost"
+    else:
+        return False
+    report.aborted = reason
+    CYCLES_ABORTED.labels(reason).inc()
+    log.warning(
+        "scheduling cycle (epoch %d) rolled back: %s; nothing of it was committed and the cache is "
+        "rebuilt next cycle (%s)",
+        report.epoch,
+        what,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+    )
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
+    return True
+
+
+def _last_cycle_age() -> None:
+    """After a cycle that committed nothing: seconds since any scheduler last committed one
+    (best effort; one primary-key read)."""
+    try:
+        at = SchedulerState.objects.filter(pk=1).values_list("last_cycle_at", flat=True).first()
+    except DatabaseError:
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+        return
+    if at is not None:
+        LAST_CYCLE_AGE.set(max((timezone.now() - at).total_seconds(), 0.0))
 
 
 def _remember(report: CycleReport) -> None:

@@ -64,46 +64,50 @@ def commit(
         outbox.append(
             (attempt, cluster_id, DispatchOutbox.Kind.START, DispatchOutbox.State.PENDING, epoch, at, 0, "")
         )
-    bulk_insert(
-        "scheduling_jobattempt",
-        [
-            "id",
-            "job_id",
-            "number",
-            "cluster_id",
-            "state",
-            "active",
-            "epoch",
-            "remote_id",
-            "reason",
-            "created_at",
-        ],
-        attempts,
-    )
-    bulk_insert(
-        "scheduling_allocation",
-        [
-            "attempt_id",
-            "job_id",
-            "node_id",
-            "gpu_id",
-            "cpu_millicores",
-            "memory_bytes",
-            "active",
-            "allocated_at",
-        ],
-        allocations,
-    )
-    bulk_insert(
-        "scheduling_jobevent",
-        ["job_id", "attempt_id", "at", "kind", "from_state", "to_state", "reason", "message"],
-        events,
-    )
-    bulk_insert(
-        "scheduling_dispatchoutbox",
-        ["attempt_id", "cluster_id", "kind", "state", "epoch", "created_at", "tries", "last_error"],
-        outbox,
-    )
+    # COPY runs on psycopg's own cursor, outside Django's error translation: translate here, so
+    # a placement that meets another scheduler's rows (the one-active-allocation-per-GPU index)
+    # is an IntegrityError that the cycle handles, not a raw driver error.
+    with connection.wrap_database_errors:
+        bulk_insert(
+            "scheduling_jobattempt",
+            [
+                "id",
+                "job_id",
+                "number",
+                "cluster_id",
+                "state",
+                "active",
+                "epoch",
+                "remote_id",
+                "reason",
+                "created_at",
+            ],
+            attempts,
+        )
+        bulk_insert(
+            "scheduling_allocation",
+            [
+                "attempt_id",
+                "job_id",
+                "node_id",
+                "gpu_id",
+                "cpu_millicores",
+                "memory_bytes",
+                "active",
+                "allocated_at",
+            ],
+            allocations,
+        )
+        bulk_insert(
+            "scheduling_jobevent",
+            ["job_id", "attempt_id", "at", "kind", "from_state", "to_state", "reason", "message"],
+            events,
+        )
+        bulk_insert(
+            "scheduling_dispatchoutbox",
+            ["attempt_id", "cluster_id", "kind", "state", "epoch", "created_at", "tries", "last_error"],
+            outbox,
+        )
     placed_nodes = sorted({int(snap.node_id[c.row]) for d in placed for c in d.nodes})
     transaction.on_commit(lambda: forget_desired(placed_nodes))
     ring_dispatch()
