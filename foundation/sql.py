@@ -44,7 +44,11 @@ def bulk_insert(table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ..
         return
     with connection.cursor() as cursor:
         if is_postgresql():
-            with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            # psycopg's own cursor: its errors become Django's (IntegrityError, OperationalError)
+            with (
+                connection.wrap_database_errors,
+                cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
+            ):
                 copy.write("".join("\t".join(map(str, row)) + "\n" for row in rows))
         else:
             placeholders = ", ".join(["%s"] * len(columns))
