@@ -371,3 +371,15 @@ ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACE
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))
+
+# Dispatch flow control: at most this many deliveries a second to one cluster (a token bucket
+# that every worker shares, bursts of one second's worth), so a burst of placements never floods
+# a slurmctld or a Kubernetes API server; what waits stays pending, in order, for the next
+# sweep. 0: no limit. Per kind: "kind=rate,…"; simulated and native clusters call no remote API.
+ORRERY_DISPATCH_PER_CLUSTER_PER_S = float(os.environ.get("ORRERY_DISPATCH_PER_CLUSTER_PER_S", 50))
+ORRERY_DISPATCH_PER_S_BY_KIND = {
+    kind: float(rate)
+    for kind, _, rate in (
+        item.partition("=") for item in env_list("ORRERY_DISPATCH_PER_S_BY_KIND", "simulated=0,native=0")
+    )
+}
