@@ -20,7 +20,7 @@ So within a few seconds
 - a user who lost some projects only (``/ws/jobs/``) leaves those projects' groups and drops
   their events; the socket stays open for the rest.
 
-A recheck that fails (database down) closes with 1011: access is never assumed, and the page
+A recheck that fails (database down) closes with 4500: access is never assumed, and the page
 reconnects and authenticates afresh. The first recheck of each socket is spread at random over
 one interval, so a thousand pages reconnecting after a deploy do not check in lockstep.
 
@@ -32,9 +32,21 @@ Channels' one database thread; ``recheck_s`` trades that load against how long a
 keeps listening. With signed-cookie sessions there is no server-side session to find gone, so a
 logout is not seen; everything else is.
 
+**Redis faults.** The channel layer (``foundation.live.RedisChannelLayer``) keeps receiving
+through a Redis restart instead of failing the socket. A flush or a restart empties the group
+memberships, and events published while Redis was away are gone, so each recheck also asks
+Redis whether this socket is still in its first group (one ZSCORE): when it is not, or when the
+layer's receive failed since the socket joined, the socket closes with **4503** and the page
+reconnects, joins afresh and resynchronises from REST. While Redis is away the probe fails and
+the socket simply stays open; the decision is made once Redis answers, within one interval.
+Memberships are also renewed every ``rejoin_s`` (an hour), well inside their expiry in Redis
+(a day), so a wall display left open for days keeps hearing.
+
 Close codes: 4401 not signed in, signed out, password changed or deactivated; 4404 no such job
-or not yours (also when access is lost); 1011 the recheck itself failed. ``portal/live.js``
-does not reconnect after 4401 or 4404.
+or not yours (also when access is lost); 4500 the recheck itself failed, or Redis was away at
+connect; 4503 Redis lost the socket's groups (reconnect and resynchronise). ``portal/live.js``
+reconnects after every code but 4401 and 4404. (Codes of the application's own are 4000–4999:
+Daphne refuses to send the protocol's 1011 or 1012, and a close it refuses never happens.)
 """
 
 from __future__ import annotations
@@ -59,22 +71,26 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils.crypto import constant_time_compare
 
 from clusters.selectors import cluster_by_name
+from foundation.live import LAYER_ERRORS
 from portal.access import access_job, visible_projects
 
 log = logging.getLogger(__name__)
 
 FLUSH_S = 1.0
 RECHECK_S = 3.0
+REJOIN_S = 3600.0  # renew group memberships this often (channels-redis expires them after a day)
 
 SIGNED_OUT = 4401  # no session, signed out, password changed, deactivated
 NOT_FOUND = 4404  # no such job, or not (any more) this user's to see
-RECHECK_FAILED = 1011
+RECHECK_FAILED = 4500  # reconnect and authenticate afresh
+REDIS_LOST = 4503  # Redis lost the groups (flush, restart): reconnect and resynchronise
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     flush_s = FLUSH_S
     recheck_s = RECHECK_S  # session, user and access are read again this often: a revoked user
     # stops hearing within this time, without reconnecting (tests may lower it on the class)
+    rejoin_s = REJOIN_S
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -91,8 +107,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=NOT_FOUND)
             return
         self.live_groups = groups
-        for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+        self.faults_seen = getattr(self.channel_layer, "faults", 0)
+        try:
+            await self._join(groups)
+        except LAYER_ERRORS as exc:  # Redis away: refuse; the page tries again (1 s, doubling)
+            log.warning("live socket refused: channel layer unavailable (%s)", exc)
+            await self.close(code=RECHECK_FAILED)
+            return
         await self.accept()
         await self.send_json({"type": "hello", "groups": len(groups)})
         self.flusher = asyncio.ensure_future(self._flush_forever())
@@ -102,8 +123,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for task in (getattr(self, "flusher", None), getattr(self, "rechecker", None)):
             if task is not None:
                 task.cancel()
-        for group in getattr(self, "live_groups", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        try:
+            for group in getattr(self, "live_groups", []):
+                await self.channel_layer.group_discard(group, self.channel_name)
+        except LAYER_ERRORS:
+            pass  # Redis away: the memberships go with it, or expire
+
+    async def _join(self, groups: list[str]) -> None:
+        """Join every group (idempotent: a member joining again only renews its membership)."""
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.joined_at = asyncio.get_running_loop().time()
 
     async def authorise(self) -> list[str] | None:
         """The groups this user may hear; ``None`` refuses the connection."""
@@ -147,7 +177,24 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for group in set(groups) - set(self.live_groups):
             await self.channel_layer.group_add(group, self.channel_name)
         self.live_groups = groups
+        if await self._groups_lost():
+            return REDIS_LOST
+        if asyncio.get_running_loop().time() - self.joined_at >= self.rejoin_s:
+            await self._join(groups)
         return None
+
+    async def _groups_lost(self) -> bool:
+        """Whether Redis has lost this socket's groups (flushed, restarted) or events meant for it
+        (a receive failed since it joined). False while Redis cannot be asked: the socket stays
+        open and the next recheck asks again."""
+        is_member = getattr(self.channel_layer, "is_member", None)
+        if is_member is None or not self.live_groups:  # the in-memory layer loses nothing
+            return False
+        try:
+            member = await is_member(self.live_groups[0], self.channel_name)
+        except LAYER_ERRORS:
+            return False
+        return not member or self.channel_layer.faults != self.faults_seen
 
     async def _recheck_forever(self) -> None:
         # The first wait is random within one interval, so sockets opened together (every page

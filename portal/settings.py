@@ -183,8 +183,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # The layer's blocking receive waits 5 s on Redis: a read time-out must be longer, or an idle
+    # socket's receive fails and the socket closes (redis-py 8 reads with a 5 s default).
+    _CHANNEL_REDIS = {"socket_timeout": 15.0, "socket_connect_timeout": 3.0, "socket_keepalive": True}
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "foundation.live.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, **_CHANNEL_REDIS}]},
+        }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -382,3 +388,15 @@ ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_B
 ORRERY_SCHEDULER_STALL_S = float(os.environ.get("ORRERY_SCHEDULER_STALL_S", 10))
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))
+
+# Dispatch flow control: at most this many deliveries a second to one cluster (a token bucket
+# that every worker shares, bursts of one second's worth), so a burst of placements never floods
+# a slurmctld or a Kubernetes API server; what waits stays pending, in order, for the next
+# sweep. 0: no limit. Per kind: "kind=rate,…"; simulated and native clusters call no remote API.
+ORRERY_DISPATCH_PER_CLUSTER_PER_S = float(os.environ.get("ORRERY_DISPATCH_PER_CLUSTER_PER_S", 50))
+ORRERY_DISPATCH_PER_S_BY_KIND = {
+    kind: float(rate)
+    for kind, _, rate in (
+        item.partition("=") for item in env_list("ORRERY_DISPATCH_PER_S_BY_KIND", "simulated=0,native=0")
+    )
+}

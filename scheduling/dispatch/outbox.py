@@ -12,16 +12,27 @@ dies after delivering and before recording finds, rather than duplicates, the jo
 only one drain at a time delivers to a cluster (a lease in the cache), so two workers never
 submit the same rows side by side. Runs on the doorbell after each placing cycle
 (``wakeup.ring_dispatch``) and as a periodic sweep that re-drives whatever a lost doorbell left.
+
+**Rate.** Each cluster is handed at most ``ORRERY_DISPATCH_PER_CLUSTER_PER_S`` works a second
+(per kind: ``ORRERY_DISPATCH_PER_S_BY_KIND``; 0 is no limit), through a token bucket holding
+one second's worth: a burst of placements reaches a slurmctld or an API server as that many
+submissions a second, never all at once. Rows are taken per cluster, oldest first, as many as
+its bucket allows, so a cluster's backlog never holds back another's rows and each cluster's
+rows go in order; what waits stays pending for the next sweep (a second later, when the bucket
+has refilled). The bucket lives in the cache next to the lease, read and written only by the
+lease holder, so every worker shares it; when the cache cannot be reached it is kept in the
+process instead (each worker then keeps the limit on its own).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F
@@ -42,49 +53,101 @@ RECORD_EVERY_S = 0.2  # a slow adapter's results are recorded at least this ofte
 
 def drain_outbox() -> int:
     """Deliver pending ``start`` rows of every kind that has an adapter (rows of a kind without
-    one wait). Returns how many were delivered."""
+    one wait), each cluster's oldest first and no more than its rate allows. Returns how many
+    were delivered."""
     delivered = 0
     for kind in ADAPTERS:
-        batch = adapter_for(kind).dispatch_batch
-        rows = list(
-            DispatchOutbox.objects.filter(
-                state=DispatchOutbox.State.PENDING, kind=DispatchOutbox.Kind.START, cluster__kind=kind
-            )
-            .order_by("id")
-            .values_list("pk", "attempt_id", "cluster_id")[:batch]
+        adapter = adapter_for(kind)
+        pending = DispatchOutbox.objects.filter(
+            state=DispatchOutbox.State.PENDING, kind=DispatchOutbox.Kind.START
         )
-        if not rows:
-            continue
-        delivered += _drain(rows)
-        if len(rows) == batch:
-            ring_dispatch()  # more are waiting: come back at once rather than at the next sweep
+        of_kind = pending.filter(cluster__kind=kind).order_by()
+        clusters = set(of_kind.values_list("cluster_id", flat=True).distinct())
+        more = False
+        for cluster in Cluster.objects.filter(pk__in=clusters).order_by("pk"):
+            lease = f"orrery:dispatching:{cluster.pk}"
+            if not cache.add(lease, 1, timeout=LEASE_S):
+                continue  # another drain is delivering to this cluster now
+            try:
+                bucket = _Bucket(cluster.pk, _rate(kind))
+                allowed = min(adapter.dispatch_batch, bucket.tokens())
+                if not allowed:
+                    continue  # spent for now: the next sweep finds the bucket refilled
+                rows = list(
+                    pending.filter(cluster_id=cluster.pk)
+                    .order_by("id")
+                    .values_list("pk", "attempt_id")[:allowed]
+                )
+                handed, sent = _drain(cluster, rows, lease)
+                bucket.spend(handed)
+                delivered += sent
+                more |= len(rows) == adapter.dispatch_batch
+            except Exception:  # one broken cluster must not stop delivery to the others
+                log.exception("dispatch to cluster %s failed; its rows are tried again", cluster.name)
+            finally:
+                cache.delete(lease)
+        if more:
+            ring_dispatch()  # a batch was full: come back at once rather than at the next sweep
     return delivered
 
 
-def _drain(rows: list[tuple[int, Any, int]]) -> int:
+def _rate(kind: str) -> float:
+    """Works a second one cluster of ``kind`` may be handed; 0 is no limit."""
+    return settings.ORRERY_DISPATCH_PER_S_BY_KIND.get(kind, settings.ORRERY_DISPATCH_PER_CLUSTER_PER_S)
+
+
+_LOCAL_BUCKETS: dict[int, tuple[float, float]] = {}  # cluster → (tokens, at), while the cache is away
+
+
+class _Bucket:
+    """One cluster's token bucket: ``rate`` tokens a second, holding at most one second's worth
+    (and at least one token, for rates under one a second). Read and written by the holder of
+    the cluster's lease only, so a read-modify-write needs no lock."""
+
+    def __init__(self, cluster_id: int, rate: float) -> None:
+        self.key, self.cluster_id, self.rate = f"orrery:dispatch-bucket:{cluster_id}", cluster_id, rate
+        self.capacity = max(rate, 1.0)
+        self.level = self.capacity
+
+    def tokens(self) -> int:
+        """Whole tokens available now (a large number when there is no limit)."""
+        if self.rate <= 0:
+            return 1 << 30
+        now = time.time()
+        try:
+            stored = cache.get(self.key)
+        except Exception:  # the cache is away: this process's own bucket, bounded all the same
+            stored = _LOCAL_BUCKETS.get(self.cluster_id)
+        if stored is not None:
+            level, at = stored
+            self.level = min(self.capacity, level + max(now - at, 0.0) * self.rate)
+        return math.floor(self.level)
+
+    def spend(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        state = (self.level - n, time.time())
+        _LOCAL_BUCKETS[self.cluster_id] = state
+        try:
+            cache.set(self.key, state, timeout=max(60, math.ceil(2 * self.capacity / self.rate)))
+        except Exception:
+            log.warning("dispatch rate of cluster %s kept in this process: no cache", self.cluster_id)
+
+
+def _drain(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> tuple[int, int]:
+    """Deliver one cluster's rows (oldest first). Returns how many works the adapter was handed
+    (what the cluster's rate counts) and how many were delivered."""
     active = set(
         JobAttempt.objects.filter(pk__in=[r[1] for r in rows], active=True).values_list("pk", flat=True)
     )
     # An attempt already ended or requeued needs no delivery: its row is done.
-    DispatchOutbox.objects.filter(pk__in=[pk for pk, attempt, _ in rows if attempt not in active]).update(
+    DispatchOutbox.objects.filter(pk__in=[pk for pk, attempt in rows if attempt not in active]).update(
         state=DispatchOutbox.State.SENT
     )
-    by_cluster: dict[int, list[tuple[int, Any]]] = defaultdict(list)
-    for pk, attempt, cluster_id in rows:
-        if attempt in active:
-            by_cluster[cluster_id].append((pk, attempt))
-    delivered = 0
-    for cluster in Cluster.objects.filter(pk__in=list(by_cluster)):
-        lease = f"orrery:dispatching:{cluster.pk}"
-        if not cache.add(lease, 1, timeout=LEASE_S):
-            continue  # another drain is delivering to this cluster now
-        try:
-            delivered += _deliver(cluster, by_cluster[cluster.pk], lease)
-        except Exception:  # one broken cluster must not stop delivery to the others
-            log.exception("dispatch to cluster %s failed; its rows are tried again", cluster.name)
-        finally:
-            cache.delete(lease)
-    return delivered
+    live = [(pk, attempt) for pk, attempt in rows if attempt in active]
+    if not live:
+        return 0, 0
+    return len(live), _deliver(cluster, live, lease)
 
 
 def _deliver(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> int:

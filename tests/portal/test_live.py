@@ -227,7 +227,7 @@ async def test_a_user_removed_from_a_project_is_cut_off_from_it(world):
 
 async def test_a_failed_recheck_closes_rather_than_trusts(world, monkeypatch):
     """The database cannot be made to fail on cue here, so the session read is replaced by one
-    that raises: the socket must close (1011), never carry on with the last decision."""
+    that raises: the socket must close (4500), never carry on with the last decision."""
     from portal import consumers
 
     def broken(session_key):
@@ -236,7 +236,7 @@ async def test_a_failed_recheck_closes_rather_than_trusts(world, monkeypatch):
     monkeypatch.setattr(consumers, "_session_user", broken)
     _, headers = await sync_to_async(_signed_in)(world["alice"])
     socket = await _open("/ws/jobs/", headers)
-    assert await _closed_with(socket) == 1011
+    assert await _closed_with(socket) == 4500
 
 
 def test_a_recheck_reads_the_session_and_the_user_in_two_queries(world, django_assert_num_queries):
