@@ -13,7 +13,8 @@ processes running on this machine.
 7. the append-only history agrees with the state: a job's last transition leads to its
    state, and each transition starts where the previous one ended;
 8. no process running on this machine for an attempt the database has ended (agents' attempt
-   shells name their attempt's directory on their command line).
+   shells name their attempt's directory on their command line; attempts the database does
+   not know belong to someone else).
 
 A scenario calls ``assert_invariants(...)`` after its fault has healed; the process check
 waits up to ``settle_s`` for agents to stop what they no longer should run.
@@ -149,18 +150,20 @@ def process_violations(cursor: Any) -> list[str]:
     running = attempts_running_here()
     if not running:
         return []
-    live = {
+    # Only attempts this database knows and has ended: another database's agents (a test beside
+    # this one) may run on the same machine.
+    ended = {
         str(row[0])
         for row in _rows(
             cursor,
-            "SELECT id FROM scheduling_jobattempt WHERE active AND id::text = ANY(%s)",
+            "SELECT id FROM scheduling_jobattempt WHERE NOT active AND id::text = ANY(%s)",
             [list(running)],
         )
     }
     return [
         f"attempt {a} has ended but process {pid} still runs it"
         for a, pid in running.items()
-        if a not in live
+        if a in ended
     ]
 
 
