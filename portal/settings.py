@@ -338,9 +338,9 @@ LOGGING = {
 # --- Orrery -----------------------------------------------------------------------------------
 # Per-tenant fairness on the API (portal/api/fairness.py): at most this many requests of one user
 # in flight at once across every web process (per process while Redis does not answer); one more
-# is a 429 with Retry-After. Keep it under the API's worker threads (2 processes x 4 threads in
-# docs/operations.md) so one tenant never holds them all; 0 turns the limit off. A killed web
-# worker's slots come back after the lease, which must outlast any request (gunicorn's timeout).
+# is a 429 with Retry-After. Keep it well under the API tier's threads (16 in docs/operations.md)
+# so one tenant never holds them all; 0 turns the limit off. A killed web worker's slots come
+# back after the lease, which must outlast any request (gunicorn's timeout).
 ORRERY_API_TENANT_CONCURRENCY = int(os.environ.get("ORRERY_API_TENANT_CONCURRENCY", 4))
 ORRERY_API_TENANT_LEASE_S = float(os.environ.get("ORRERY_API_TENANT_LEASE_S", 60))
 
