@@ -78,11 +78,10 @@ class TenantBusy(exceptions.Throttled):
     """429: the tenant already has as many requests in flight as it may."""
 
     def __init__(self, limit: int) -> None:
-        wait = random.randint(*RETRY_AFTER_S)
+        # DRF adds "Expected available in N seconds." and sets Retry-After from ``wait``.
         super().__init__(
-            wait,
-            f"Too many of your requests are in progress at once (at most {limit}); "
-            f"retry after {wait} s, or send fewer requests in parallel.",
+            random.randint(*RETRY_AFTER_S),
+            f"Too many of your requests are in progress at once (at most {limit}); send fewer in parallel.",
         )
 
 
