@@ -131,6 +131,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",  # turns a lockout into its page; after auth, as axes asks
+    "portal.api.fairness.ReleaseTenantSlots",  # gives back the API's per-tenant slots (below)
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -306,6 +307,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
         "portal.api.permissions.TokenScope",
+        "portal.api.fairness.TenantConcurrency",  # last: only requests let in take a slot
     ],
     "DEFAULT_PARSER_CLASSES": [
         "portal.api.parsers.StrictJsonParser",
@@ -353,6 +355,14 @@ LOGGING = {
 }
 
 # --- Orrery -----------------------------------------------------------------------------------
+# Per-tenant fairness on the API (portal/api/fairness.py): at most this many requests of one user
+# in flight at once across every web process (per process while Redis does not answer); one more
+# is a 429 with Retry-After. Keep it well under the API tier's threads (16 in docs/operations.md)
+# so one tenant never holds them all; 0 turns the limit off. A killed web worker's slots come
+# back after the lease, which must outlast any request (gunicorn's timeout).
+ORRERY_API_TENANT_CONCURRENCY = int(os.environ.get("ORRERY_API_TENANT_CONCURRENCY", 4))
+ORRERY_API_TENANT_LEASE_S = float(os.environ.get("ORRERY_API_TENANT_LEASE_S", 60))
+
 # Node lifecycle timers (seconds): not ready after NODE_GRACE of silence, down (failover) after
 # NODE_FAILOVER_AFTER, ready again after NODE_RECOVERY of heartbeats on time.
 NODE_GRACE = int(os.environ.get("ORRERY_NODE_GRACE", 40))
