@@ -10,6 +10,8 @@ new host name) is reached by saying so: ``--server`` or ``orrery login`` with th
 from __future__ import annotations
 
 import json
+import random
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +23,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, detail: str, errors: list[dict[str, str]] | None = None) -> None:
         self.status, self.detail, self.errors = status, detail, errors or []
+        self.retry_after: float | None = None  # the server's Retry-After, in seconds
         lines = [f"error: {detail}" if status == 0 else f"error ({status}): {detail}"]
         lines += [f"  {e.get('path', '?')}: {e.get('message', '')}" for e in self.errors]
         super().__init__("\n".join(lines))
@@ -63,6 +66,10 @@ class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+RETRIES = 3  # a 429 or 503 with Retry-After is tried again this many times
+MAX_RETRY_AFTER_S = 30.0  # a longer wait is the user's to decide: the error is shown
+
+
 class Client:
     def __init__(self, server: str, token: str, timeout: float = 30.0) -> None:
         self.server, self.token, self.timeout = server.rstrip("/"), token, timeout
@@ -100,6 +107,35 @@ class Client:
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
     ) -> Any:
+        for attempt in range(RETRIES + 1):
+            try:
+                return self._once(method, path, body, content_type=content_type, headers=headers)
+            except ApiError as exc:
+                # Busy (429: refused before any work) or briefly unavailable (503: nothing done,
+                # the server says when to come back): wait as told, with jitter, and go again. A
+                # 503 is retried only when a retry cannot do the work twice.
+                safe = exc.status == 429 or (
+                    exc.status == 503 and (method == "GET" or "Idempotency-Key" in (headers or {}))
+                )
+                if (
+                    not safe
+                    or exc.retry_after is None
+                    or exc.retry_after > MAX_RETRY_AFTER_S
+                    or attempt == RETRIES
+                ):
+                    raise
+                time.sleep(exc.retry_after + random.uniform(0, 1))
+        raise AssertionError("unreachable")
+
+    def _once(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        content_type: str,
+        headers: dict[str, str] | None,
+    ) -> Any:
         request = urllib.request.Request(self.server + path, data=body, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
         request.add_header("Accept", "application/json")
@@ -114,11 +150,21 @@ class Client:
             raw = exc.read()
             try:
                 data = json.loads(raw)
-                raise ApiError(exc.code, data.get("detail", exc.reason), data.get("errors")) from None
+                error = ApiError(exc.code, data.get("detail", exc.reason), data.get("errors"))
             except (ValueError, AttributeError):
-                raise ApiError(exc.code, str(exc.reason)) from None
+                error = ApiError(exc.code, str(exc.reason))
+            error.retry_after = _seconds(exc.headers.get("Retry-After"))
+            raise error from None
         except urllib.error.URLError as exc:
             raise ApiError(0, f"cannot reach {self.server}: {exc.reason}") from None
         except TimeoutError:
             raise ApiError(0, f"{self.server} did not answer within {self.timeout:.0f}s") from None
         return json.loads(raw) if raw else None
+
+
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After in seconds (the HTTP-date form is not used by Orrery); None if absent."""
+    try:
+        return max(float(value), 0.0) if value else None
+    except ValueError:
+        return None

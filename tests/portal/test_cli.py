@@ -154,6 +154,15 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.headers["Host"], self.path, self.headers["Authorization"]))
+        if self.server.busy.get(self.path):
+            status, retry_after = self.server.busy[self.path].pop(0)
+            body = json.dumps({"detail": "busy", "errors": []}).encode()
+            self.send_response(status)
+            self.send_header("Retry-After", retry_after)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         location = self.server.redirects.get(self.path)
         if location:
             self.send_response(self.server.code)
@@ -179,7 +188,7 @@ def http_servers():
     servers = []
     for _ in range(2):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-        server.seen, server.redirects, server.code = seen, {}, 302
+        server.seen, server.redirects, server.code, server.busy = seen, {}, 302, {}
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
     yield servers
@@ -229,6 +238,24 @@ def test_a_redirect_within_the_server_is_followed_with_the_token(http_servers, t
     result = _orrery(f"http://127.0.0.1:{port}", "show", "1", "-o", "json", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert server.seen[1] == (f"127.0.0.1:{port}", "/moved", "Bearer s3cret")
+
+
+def test_busy_and_unavailable_answers_are_retried_after_the_time_the_server_says(http_servers, tmp_path):
+    server, _ = http_servers
+    port = server.server_address[1]
+    server.busy["/api/v1/jobs/1"] = [(429, "0"), (503, "0")]
+    result = _orrery(f"http://127.0.0.1:{port}", "show", "1", "-o", "json", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(server.seen) == 3
+
+
+def test_a_long_retry_after_is_shown_not_waited_for(http_servers, tmp_path):
+    server, _ = http_servers
+    port = server.server_address[1]
+    server.busy["/api/v1/jobs/1"] = [(429, "3600")]
+    result = _orrery(f"http://127.0.0.1:{port}", "show", "1", "-o", "json", tmp_path=tmp_path)
+    assert result.returncode == 1 and "busy" in result.stderr
+    assert len(server.seen) == 1
 
 
 # --- what a job wrote never drives the terminal -------------------------------------------------
