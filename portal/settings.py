@@ -119,6 +119,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "portal.middleware.DatabaseUnavailable",  # outermost but metrics: a 503 for any layer's DB error
     "portal.middleware.ContentSecurityPolicy",
     "portal.middleware.RejectNulBytes",
     "django.middleware.security.SecurityMiddleware",
