@@ -15,3 +15,18 @@ FAILOVER_PAUSED = Counter(
     "Lifecycle passes that held back failover because most of a cluster was silent.",
     ["cluster"],
 )
+LIFECYCLE_DEAF = Counter(
+    "orrery_lifecycle_deaf_passes_total",
+    "Lifecycle passes that judged no silence because the control plane itself could not hear "
+    "(heartbeat flush behind, or back for less than the grace time).",
+)
+RECOVERIES_DAMPED = Counter(
+    "orrery_node_recoveries_damped_total",
+    "Lifecycle passes that kept a node not ready because it flapped: its run of heartbeats was "
+    "long enough for NODE_RECOVERY but not for the longer run its recent flaps require.",
+)
+INGEST_REFUSED = Counter(
+    "orrery_ingest_refused_total",
+    "Agent requests answered 429 or 503 with Retry-After, by reason.",
+    ["reason"],
+)

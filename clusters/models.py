@@ -417,3 +417,19 @@ class MetricPoint(models.Model):
     @property
     def power_w(self) -> float | None:
         return self.power_w_sum / self.samples if self.samples else None
+
+
+class HeartbeatWatermark(models.Model):
+    """One row: how long the control plane has been able to hear its nodes.
+
+    ``flushed_at`` is when the heartbeat flush last succeeded; ``hearing_since`` when the flush
+    last came back after a gap longer than ``ORRERY_HEARING_GAP_S`` (an outage of Redis, beat,
+    the workers or the database), or null when no such gap has been seen. Both are stamped with
+    the database's clock, so hosts' clocks do not matter (``clusters.services.hearing``)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    flushed_at = models.DateTimeField(null=True)
+    hearing_since = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"flushed {self.flushed_at}, hearing since {self.hearing_since}"

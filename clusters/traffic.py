@@ -15,6 +15,10 @@ sends every report through ``/api/v1/agent/…`` like any collector or agent.
 
 With ``fail_rate`` each live node may die at each interval (it stops reporting for one to ten
 minutes, then comes back with a new boot id), so the lifecycle has something to do.
+
+A report answered 429 or 503 with ``Retry-After`` is not retried at once: that node (per-node
+mode) or that cluster's collector (batched mode) sends nothing until the suggested wait, drawn
+out by a random 0–50 % so that a refused fleet does not return in step, has passed.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class TrafficNode:
     dead_until: float = 0.0
     credential: str = ""
     busy: list[float] = field(default_factory=list)
+    retry_at: float = 0.0  # asked to wait (Retry-After) until then
 
     def report(self, now: float) -> dict[str, Any]:
         self.seq += 1
@@ -120,6 +125,7 @@ class _Http:
         self.local = threading.local()
 
     def post(self, path: str, body: Any, bearer: str) -> tuple[int, Any]:
+        """``(status, JSON body)``; ``retry_after`` then holds the answer's Retry-After, if any."""
         data = orjson.dumps(body)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {bearer}"}
         for attempt in (1, 2):
@@ -132,6 +138,7 @@ class _Http:
                 conn.request("POST", path, data, headers)
                 response = conn.getresponse()
                 payload = response.read()
+                self.local.retry_after = _seconds(response.getheader("Retry-After"))
                 return response.status, orjson.loads(payload) if payload else None
             except (OSError, http.client.HTTPException):
                 conn.close()
@@ -139,6 +146,18 @@ class _Http:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+
+def _seconds(header: str | None) -> float | None:
+    try:
+        return max(float(header), 0.0) if header else None
+    except ValueError:  # an HTTP date: not sent by this server
+        return None
+
+
+def backoff(retry_after: float) -> float:
+    """How long to hold off when told ``Retry-After``: that, plus up to half again at random."""
+    return retry_after * random.uniform(1.0, 1.5)
 
 
 class HeartbeatTraffic:
@@ -167,6 +186,7 @@ class HeartbeatTraffic:
         self.nodes: list[TrafficNode] = []
         self.credentials: dict[str, str] = {}
         self.sent = self.refused = 0
+        self.retry_at: dict[str, float] = {}  # batched mode: a collector asked to wait
         per_cluster = max(nodes // len(names), 1)
         for c, cluster in enumerate(names):
             model = MODELS[c % len(MODELS)]
@@ -238,6 +258,8 @@ class HeartbeatTraffic:
                 node.dead_until = now + random.uniform(60, 600)
                 log.info("node %s stops reporting", node.name)
                 continue
+            if node.retry_at > now or self.retry_at.get(node.cluster, 0.0) > now:
+                continue  # told to come back later
             live.append(node)
         return live
 
@@ -267,6 +289,9 @@ class HeartbeatTraffic:
         self.sent += len(nodes)
         if status != 200:
             self.refused += len(nodes)
+            wait = self._told_to_wait()
+            if wait is not None:
+                self.retry_at[cluster] = time.time() + wait
             log.warning("report for %s refused: HTTP %s %s", cluster, status, answer)
             return 0
         return answer["accepted"]
@@ -276,8 +301,15 @@ class HeartbeatTraffic:
         self.sent += 1
         if status != 200:
             self.refused += 1
+            wait = self._told_to_wait()
+            if wait is not None:
+                node.retry_at = time.time() + wait
             return 0
         return int(answer["accepted"])
+
+    def _told_to_wait(self) -> float | None:
+        told = getattr(self.http.local, "retry_after", None)
+        return backoff(told) if told is not None else None
 
     def run(self, duration: float | None = None) -> None:
         """Report every ``interval`` until ``stop()`` or ``duration`` seconds have passed."""

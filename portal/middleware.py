@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import random
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from foundation import audit
 from portal.lockout import client_address
+
+log = logging.getLogger(__name__)
 
 
 class RejectNulBytes:
@@ -151,3 +158,56 @@ async def _too_large(send: Callable[..., Any]) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class DatabaseUnavailable:
+    """While the database is away (restarting, failing over), answer 503 with Retry-After
+    instead of a 500: JSON in the API's error shape under ``/api/``, a plain page elsewhere.
+
+    A view's ``OperationalError`` or ``InterfaceError`` is answered here (``process_exception``);
+    one raised by another middleware (a session saved, a user loaded) has already become a 500
+    by the time it reaches this, the outermost layer, so ``got_request_exception`` marks the
+    request and the 500 is replaced. Nothing is written while the database is away, so a
+    client that retries loses nothing, and the next request after it returns works: with
+    ``CONN_MAX_AGE`` and ``conn_health_checks`` Django drops the broken connection at the end
+    of the request and checks a kept one before using it again."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        got_request_exception.connect(_mark_database_unavailable, dispatch_uid="orrery-db-unavailable")
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if getattr(request, "_database_unavailable", False) and response.status_code == 500:
+            return database_unavailable(request)
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, (OperationalError, InterfaceError)):
+            return database_unavailable(request)
+        return None
+
+
+def _mark_database_unavailable(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
+    if request is not None and isinstance(sys.exc_info()[1], (OperationalError, InterfaceError)):
+        request._database_unavailable = True  # type: ignore[attr-defined]
+
+
+def database_unavailable(request: HttpRequest) -> HttpResponse:
+    """The 503 the database's absence gets: the client should retry after a few seconds."""
+    retry = settings.ORRERY_INGEST_RETRY_AFTER_S
+    retry_after = retry + random.randint(0, retry)  # spread the retries of many clients
+    log.warning("database unavailable: %s %s answered 503", request.method, request.path)
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse(
+            {"detail": "The database is unavailable; retry later.", "errors": [], "retryAfter": retry_after},
+            status=503,
+        )
+    else:
+        response = HttpResponse(
+            "The service is briefly unavailable (its database is restarting). Try again in a few seconds.\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    response.headers["Retry-After"] = str(retry_after)
+    return response

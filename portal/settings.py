@@ -119,6 +119,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "portal.middleware.DatabaseUnavailable",  # outermost but metrics: a 503 for any layer's DB error
     "portal.middleware.ContentSecurityPolicy",
     "portal.middleware.RejectNulBytes",
     "django.middleware.security.SecurityMiddleware",
@@ -385,6 +386,27 @@ if ORRERY_TOKEN_MAX_DAYS < 1:
     )
 ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
+
+# Hearing, flapping and ingest flow control (clusters/services/hearing.py, lifecycle.py,
+# clusters/ingest/flow.py; docs/architecture.md, "Heartbeats and node lifecycle").
+# The lifecycle judges silence only while the control plane itself hears: its heartbeat flush
+# succeeded within ORRERY_HEARING_GAP_S, and without a longer gap for at least NODE_GRACE.
+# Keep ORRERY_HEARING_GAP_S + ORRERY_HEARTBEAT_INTERVAL below NODE_GRACE.
+ORRERY_HEARING_GAP_S = float(os.environ.get("ORRERY_HEARING_GAP_S", 10))
+# A node comes back only with its last heartbeat within NODE_RECOVERY_FRESH (two intervals and
+# a flush period; never more than NODE_GRACE) and a run of NODE_RECOVERY without a longer gap,
+# doubled for each time it went not ready in the last NODE_FLAP_WINDOW, up to NODE_RECOVERY_MAX.
+NODE_RECOVERY_FRESH = float(
+    os.environ.get(
+        "ORRERY_NODE_RECOVERY_FRESH", 2 * ORRERY_HEARTBEAT_INTERVAL + _PERIODIC["flush-heartbeats"][1]
+    )
+)
+NODE_FLAP_WINDOW = int(os.environ.get("ORRERY_NODE_FLAP_WINDOW", 900))
+NODE_RECOVERY_MAX = int(os.environ.get("ORRERY_NODE_RECOVERY_MAX", 480))
+# Agent requests served at once per process past which ingest answers 429; the Retry-After it
+# suggests is ORRERY_INGEST_RETRY_AFTER_S plus up to as much again of jitter (also for 503).
+ORRERY_INGEST_MAX_IN_FLIGHT = int(os.environ.get("ORRERY_INGEST_MAX_IN_FLIGHT", 16))
+ORRERY_INGEST_RETRY_AFTER_S = int(os.environ.get("ORRERY_INGEST_RETRY_AFTER_S", 5))
 
 # The scheduler (scheduling/engine/policies.py documents the profile).
 # None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.

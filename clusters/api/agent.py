@@ -3,7 +3,11 @@ hot path, so no serializer per record and no database write per report).
 
 Every error is JSON ``{"detail", "errors": [{"path", "message"}]}``: 400 for a malformed
 payload, 401 for a missing or refused credential, 403 for a report about a node or cluster
-the credential does not speak for.
+the credential does not speak for. Two answers ask the agent to come back later, with a
+``Retry-After`` header and the same number of seconds as ``retryAfter`` in the body
+(``clusters.ingest.flow``): 429 when this process serves too many heartbeats and reports at
+once, 503 when the heartbeat buffer (Redis) or the database cannot be reached. Nothing of a
+refused request was stored.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from clusters import ports
 from clusters.choices import ClusterKind
-from clusters.ingest.buffer import get_buffer
+from clusters.ingest.buffer import BufferUnavailable, get_buffer
+from clusters.ingest.flow import in_flight, retry_after
 from clusters.ingest.records import ReportError, node_name, parse_report
-from clusters.metrics import REPORTS
+from clusters.metrics import INGEST_REFUSED, REPORTS
 from clusters.models import Cluster, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import (
@@ -41,6 +47,7 @@ from clusters.services.credentials import (
 
 MAX_NODES_PER_REPORT = 5000
 MAX_LOG_OFFSET = 1 << 40  # a job's output stream beyond a terabyte is not output
+FLOW_CONTROLLED = {"heartbeat", "report"}  # the hot ingest: past the in-flight limit, 429
 _NAME_MAP_TTL_S = 30.0
 
 
@@ -57,9 +64,33 @@ def bearer_of(header: str) -> str:
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
+def _come_back(status: int, reason: str, detail: str) -> Answer:
+    INGEST_REFUSED.labels(reason).inc()
+    return status, {"detail": detail, "errors": [], "retryAfter": retry_after()}
+
+
+def retry_headers(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """``Retry-After`` for an answer that asks the client to come back (see the module)."""
+    return [("Retry-After", str(body["retryAfter"]))] if "retryAfter" in body else []
+
+
 def handle(endpoint: str, raw: bytes, bearer: str) -> Answer:
     """Run one agent endpoint on a raw body; used by the Django views and by the WSGI fast
     path (``clusters.api.fastpath``), so both answer exactly alike."""
+    with in_flight.slot() as free:
+        if not free and endpoint in FLOW_CONTROLLED:
+            return _come_back(429, "busy", "Too many reports at once; retry after the suggested wait.")
+        try:
+            return _handle(endpoint, raw, bearer)
+        except BufferUnavailable:
+            return _come_back(503, "buffer", "The heartbeat buffer is unavailable; retry later.")
+        except (OperationalError, InterfaceError):
+            # The database is away (restarting, failing over): Django drops the broken
+            # connection when the request ends, and the agent's retry finds a new one.
+            return _come_back(503, "database", "The database is unavailable; retry later.")
+
+
+def _handle(endpoint: str, raw: bytes, bearer: str) -> Answer:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -83,7 +114,10 @@ def django_view(endpoint: str) -> Callable[[HttpRequest], HttpResponse]:
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
         status, body = handle(endpoint, request.body, bearer_of(request.headers.get("Authorization", "")))
-        return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+        response = HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+        for name, value in retry_headers(body):
+            response.headers[name] = value
+        return response
 
     view.__name__ = endpoint
     return view

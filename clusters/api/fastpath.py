@@ -17,7 +17,7 @@ import orjson
 from django.conf import settings
 from django.core.signals import request_finished, request_started
 
-from clusters.api.agent import bearer_of, handle
+from clusters.api.agent import bearer_of, handle, retry_headers
 
 PREFIX = "/api/v1/agent/"
 HOT = {"heartbeat", "report"}
@@ -57,6 +57,10 @@ class AgentFastPath:
         payload = orjson.dumps(body)
         start_response(
             f"{status} {HTTPStatus(status).phrase}",
-            [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(payload))),
+                *retry_headers(body),
+            ],
         )
         return [payload]

@@ -13,10 +13,16 @@ aggregator reads every pass), its ``(boot_id, seq)``, and a *dirty* mark.
 (a replay or a late duplicate) and counts it. ``take_dirty`` hands the aggregator the latest
 record of every node reported since the last take, atomically with clearing the marks;
 ``restore`` puts marks back when a pass fails, so a failed pass loses nothing.
+
+Redis is a cache here, PostgreSQL the truth: when Redis cannot be reached ``put`` raises
+``BufferUnavailable`` (ingest answers 503 with Retry-After and the agents report again), and
+a Redis that comes back empty (restarted, flushed) only loses reports that the next heartbeat
+of every node replaces.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -28,6 +34,11 @@ from clusters.ingest.records import summarise
 
 Record = dict[str, Any]
 MAX_SEQ = 2**53  # Lua numbers are doubles: keep seq exact
+log = logging.getLogger(__name__)
+
+
+class BufferUnavailable(Exception):
+    """The buffer's store cannot be reached; nothing of the report was stored."""
 
 
 class HeartbeatBuffer(Protocol):
@@ -143,7 +154,8 @@ class RedisBuffer:
     def __init__(self, url: str, prefix: str = "orrery:hb:") -> None:
         import redis
 
-        self._redis = redis.Redis.from_url(url)
+        # Bounded waits: a Redis host that vanishes must cost a request seconds, not a hang.
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
         self._keys = [f"{prefix}{k}" for k in ("seq", "latest", "dirty", "counters", "slim")]
         self._taking = f"{prefix}taking"
         self._put = self._redis.register_script(_PUT)
@@ -158,7 +170,13 @@ class RedisBuffer:
                 orjson.dumps(record),
                 orjson.dumps(summarise(record)),
             ]
-        accepted, stale = self._put(keys=self._keys, args=args)
+        import redis
+
+        try:
+            accepted, stale = self._put(keys=self._keys, args=args)
+        except redis.RedisError as exc:
+            log.warning("heartbeat buffer unavailable: %s", exc)
+            raise BufferUnavailable(str(exc)) from exc
         return int(accepted), int(stale)
 
     def take_dirty(self) -> list[Record]:

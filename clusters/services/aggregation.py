@@ -5,10 +5,11 @@ transaction,
 
 1. upserts the slim ``NodeLastSeen`` rows and learns whose fingerprint changed — one statement
    on PostgreSQL — keeping ``good_since``, the start of the node's current run of on-time
-   heartbeats;
+   heartbeats (a gap longer than ``lifecycle.fresh_bound()`` starts a new run);
 2. writes Node rows only for nodes whose boot or agent changed, and GpuDevice rows only for
    nodes whose GPU health changed;
-3. adds the reports to the 1-minute and 1-hour roll-ups per cluster and GPU model.
+3. adds the reports to the 1-minute and 1-hour roll-ups per cluster and GPU model;
+4. stamps the flush watermark (``clusters.services.hearing``), empty passes included.
 
 It reads the buffer's slim summaries (``records.summarise``), not the full reports.
 
@@ -29,7 +30,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
@@ -39,6 +39,8 @@ from clusters.choices import GpuHealth
 from clusters.ingest.buffer import HeartbeatBuffer, Record, get_buffer
 from clusters.metrics import FLUSH_SECONDS, FLUSHED_NODES
 from clusters.models import GpuDevice, MetricPoint, Node, NodeEvent, NodeLastSeen
+from clusters.services.hearing import record_flush
+from clusters.services.lifecycle import fresh_bound
 from foundation.performance import collector_paused
 from foundation.sql import is_postgresql, pg_array, pg_text_array
 
@@ -64,17 +66,23 @@ def flush_heartbeats(buffer: HeartbeatBuffer | None = None) -> FlushResult:
     started = time.perf_counter()
     with collector_paused():
         records = buffer.take_dirty()
-        if not records:
-            return FlushResult(0, 0, 0, time.perf_counter() - started)
+        changed, points = [], 0
         try:
             with transaction.atomic():
-                changed = _write_last_seen(records)
-                _write_changed(changed)
-                points = _add_rollups(records)
+                if records:
+                    changed = _write_last_seen(records)
+                    _write_changed(changed)
+                    points = _add_rollups(records)
+                # An empty pass is a successful one too: the lifecycle needs to know the
+                # control plane hears, not that someone spoke (clusters.services.hearing).
+                record_flush()
         except Exception:
-            buffer.restore(r["n"] for r in records)
+            if records:
+                buffer.restore(r["n"] for r in records)
             raise
     elapsed = time.perf_counter() - started
+    if not records:
+        return FlushResult(0, 0, 0, elapsed)
     FLUSH_SECONDS.observe(elapsed)
     FLUSHED_NODES.inc(len(records))
     return FlushResult(len(records), len(changed), points, elapsed)
@@ -114,7 +122,7 @@ def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bo
             WHERE l.node_id = v.node_id AND old.seen_at < to_timestamp(v.t) AND l.seen_at < to_timestamp(v.t)
             RETURNING l.node_id, left(old.fingerprint, 16) <> left(v.fp, 16), substr(old.fingerprint, 17) <> substr(v.fp, 17)
             """,
-            [float(settings.NODE_GRACE), *params],
+            [float(fresh_bound()), *params],
         )
         rows = cursor.fetchall()
         changed = [row for row in rows if row[1] or row[2]]
@@ -135,7 +143,7 @@ def _write_last_seen_postgres(records: list[Record]) -> list[tuple[int, bool, bo
 
 
 def _write_last_seen_portable(records: list[Record]) -> list[tuple[int, bool, bool]]:
-    grace = timedelta(seconds=settings.NODE_GRACE)
+    fresh = timedelta(seconds=fresh_bound())
     ids = [r["n"] for r in records]
     existing = set(Node.objects.filter(pk__in=ids).values_list("pk", flat=True))
     old = {row.node_id: row for row in NodeLastSeen.objects.filter(node_id__in=ids)}
@@ -146,7 +154,7 @@ def _write_last_seen_portable(records: list[Record]) -> list[tuple[int, bool, bo
         seen, previous = _when(r["t"]), old.get(r["n"])
         if previous is not None and previous.seen_at >= seen:
             continue
-        fresh_run = previous is None or seen - previous.seen_at > grace
+        fresh_run = previous is None or seen - previous.seen_at > fresh
         rows.append(
             NodeLastSeen(
                 node_id=r["n"],

@@ -4,10 +4,23 @@
 
     ready ──(no heartbeat for NODE_GRACE)──► not_ready ──(none for NODE_FAILOVER_AFTER)──► down
       ▲                                          │                                         │
-      └────────(NODE_RECOVERY of on-time heartbeats)◄──────────────────────────────────────┘
+      └────────(a run of on-time heartbeats, still going)◄─────────────────────────────────┘
 
-Operator states (draining, drained, cordoned) are left alone. Going ``down`` is what triggers
-the job failover policy, so it is guarded twice, as Kubernetes' node lifecycle controller does:
+Operator states (draining, drained, cordoned) are left alone.
+
+Silence is judged only while the control plane itself hears (``clusters.services.hearing``):
+while the heartbeat flush is behind, or back from an outage for less than ``NODE_GRACE``, no
+node goes not ready or down — the rows are old because nobody wrote them, not because the nodes
+are quiet. The pass logs once when such a pause starts and counts every paused pass.
+
+Recovery needs the last heartbeat within ``NODE_RECOVERY_FRESH`` (about two intervals) and a
+run of heartbeats without a longer gap (``good_since`` to the last one) of at least
+``NODE_RECOVERY``, doubled for each further time the node went not ready within
+``NODE_FLAP_WINDOW`` and capped at ``NODE_RECOVERY_MAX``: a flapping node stays not ready
+instead of flipping at every return.
+
+Going ``down`` is what triggers the job failover policy, so it is guarded twice more, as
+Kubernetes' node lifecycle controller does:
 
 * per cluster at most ``ORRERY_FAILOVER_PER_MINUTE`` nodes go down per minute (the oldest
   silent first); the rest wait for the next pass;
@@ -34,8 +47,9 @@ from django.utils import timezone
 from clusters import ports
 from clusters.choices import ClusterState, NodeState
 from clusters.events import NodesStateChanged
-from clusters.metrics import FAILOVER_PAUSED, NODE_TRANSITIONS
+from clusters.metrics import FAILOVER_PAUSED, LIFECYCLE_DEAF, NODE_TRANSITIONS, RECOVERIES_DAMPED
 from clusters.models import Cluster, Node, NodeEvent
+from clusters.services.hearing import deafness
 from foundation.live import publish_on_commit
 
 log = logging.getLogger(__name__)
@@ -55,6 +69,7 @@ class LifecycleResult:
     ready: list[int] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
     deferred: int = 0
+    deaf: str | None = None  # why silence was not judged this pass (clusters.services.hearing)
 
 
 def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
@@ -62,7 +77,8 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.NODE_GRACE)
     failover = now - timedelta(seconds=settings.NODE_FAILOVER_AFTER)
-    recovery = now - timedelta(seconds=settings.NODE_RECOVERY)
+    fresh = now - timedelta(seconds=fresh_bound())
+    deaf = _deafness()
 
     # Only nodes the lifecycle watches count: a drained or cordoned node switched off for
     # maintenance is not "silent", and must not pause failover or make its cluster unreachable.
@@ -71,7 +87,7 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
     )
     totals: dict[int, int] = defaultdict(int)
     silent: dict[int, int] = defaultdict(int)
-    not_ready, candidates, ready = [], defaultdict(list), []
+    not_ready, candidates, runs = [], defaultdict(list), {}
     for pk, cluster_id, state, changed_at, seen_at, good_since in rows:
         totals[cluster_id] += 1
         seen = seen_at or changed_at  # never heartbeated: silent since it was created or last moved
@@ -81,15 +97,16 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
             not_ready.append(pk)
         elif state == NodeState.NOT_READY and seen < failover:
             candidates[cluster_id].append((seen, pk))
-        elif (
-            state in (NodeState.NOT_READY, NodeState.DOWN)
-            and seen >= grace
-            and good_since
-            and good_since <= recovery
-        ):
-            ready.append(pk)
+        elif state in (NodeState.NOT_READY, NodeState.DOWN) and seen_at and seen_at >= fresh and good_since:
+            runs[pk] = (seen_at - good_since).total_seconds()
 
     result = LifecycleResult()
+    ready = _recovered(runs, now)
+    if deaf:
+        # Judge no silence: neither not_ready nor down, nor a cluster's state from its silent
+        # nodes. Recovery goes on: a fresh run of heartbeats is evidence, not its absence.
+        result.deaf = deaf
+        not_ready, candidates = [], {}
     names = dict(Cluster.objects.values_list("pk", "name"))
     recent_downs = _downs_in_last_minute(now)
     for cluster_id, waiting in candidates.items():
@@ -119,18 +136,77 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
             NodeState.DOWN,
             f"no heartbeat for {settings.NODE_FAILOVER_AFTER}s",
         )
-        result.ready = _move(
-            ready,
-            (NodeState.NOT_READY, NodeState.DOWN),
-            NodeState.READY,
-            f"heartbeats on time for {settings.NODE_RECOVERY}s",
-        )
-        _update_clusters(totals, silent)
+        for required, ids in sorted(ready.items()):
+            result.ready += _move(
+                ids,
+                (NodeState.NOT_READY, NodeState.DOWN),
+                NodeState.READY,
+                f"heartbeats on time for {required}s",
+            )
+        if not deaf:
+            _update_clusters(totals, silent)
         if result.down:
             lost = list(result.down)
             handler = ports.node_lost()
             transaction.on_commit(lambda: handler(lost))
     return result
+
+
+def fresh_bound() -> float:
+    """Seconds within which a heartbeat counts as on time: ``NODE_RECOVERY_FRESH``, and never
+    more than ``NODE_GRACE`` (a node silent past the grace is not on time)."""
+    return min(settings.NODE_RECOVERY_FRESH, settings.NODE_GRACE)
+
+
+_deaf_since: str | None = None  # this process's current pause, so that it is logged once
+
+
+def _deafness() -> str | None:
+    """Why the control plane cannot judge silence now (None: it can); logs a pause's start and
+    end once each, and counts every paused pass."""
+    global _deaf_since
+    deaf = deafness()
+    if deaf:
+        LIFECYCLE_DEAF.inc()
+        if _deaf_since is None:
+            log.warning(
+                "node lifecycle PAUSED: %s; no node goes not ready or down until the control plane "
+                "has heard for %ss",
+                deaf,
+                settings.NODE_GRACE,
+            )
+    elif _deaf_since is not None:
+        log.warning("node lifecycle resumed: the control plane hears again")
+    _deaf_since = deaf
+    return deaf
+
+
+def _recovered(runs: dict[int, float], now: datetime) -> dict[int, list[int]]:
+    """The nodes whose run of on-time heartbeats is long enough, by the run they needed:
+    ``NODE_RECOVERY`` doubled for every time after the first that the node went not ready
+    within ``NODE_FLAP_WINDOW``, at most ``NODE_RECOVERY_MAX``."""
+    if not runs:
+        return {}
+    flaps = dict(
+        NodeEvent.objects.filter(
+            node_id__in=list(runs),
+            to_state=NodeState.NOT_READY,
+            at__gte=now - timedelta(seconds=settings.NODE_FLAP_WINDOW),
+        )
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .order_by()
+        .values_list("node_id", "n")
+    )
+    ready: dict[int, list[int]] = defaultdict(list)
+    for pk, run in runs.items():
+        base = settings.NODE_RECOVERY
+        required = min(base * 2 ** max(flaps.get(pk, 0) - 1, 0), max(settings.NODE_RECOVERY_MAX, base))
+        if run >= required:
+            ready[required].append(pk)
+        elif run >= base:
+            RECOVERIES_DAMPED.inc()
+    return ready
 
 
 def _downs_in_last_minute(now: datetime) -> dict[int, int]:

@@ -329,11 +329,15 @@ def heartbeats_on_time() -> None:
     from datetime import timedelta
 
     from django.conf import settings
+    from django.db.models import F
     from django.utils import timezone
 
+    from clusters.models import NodeLastSeen
     from clusters.services.lifecycle import run_node_lifecycle
 
-    run_node_lifecycle(timezone.now() + timedelta(seconds=settings.NODE_RECOVERY + 1))
+    # The nodes reported so far have done so for NODE_RECOVERY seconds, up to now.
+    NodeLastSeen.objects.update(good_since=F("seen_at") - timedelta(seconds=settings.NODE_RECOVERY + 1))
+    run_node_lifecycle(timezone.now())
 
 
 def orrery_node(cluster, name: str):

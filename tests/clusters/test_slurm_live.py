@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import F
 from django.test import TestCase
 from django.utils import timezone
 
@@ -335,7 +336,9 @@ def test_slurmrestd_stopped_makes_the_cluster_unreachable_then_it_recovers(slurm
     with TestCase.captureOnCommitCallbacks(execute=True):  # the collector's heartbeats, after commit
         assert take_inventories(paced=False) == 1
     flush_heartbeats()
-    run_node_lifecycle(now=timezone.now() + timedelta(seconds=31))  # NODE_RECOVERY of good reports
+    # NODE_RECOVERY of good reports, up to now
+    NodeLastSeen.objects.filter(node__cluster=cluster).update(good_since=F("seen_at") - timedelta(seconds=31))
+    run_node_lifecycle()
     cluster.refresh_from_db()
     assert cluster.state == ClusterState.READY
     sync_cluster(cluster)
