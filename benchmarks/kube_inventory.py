@@ -62,12 +62,13 @@ def run(nodes: int, changes: int, say) -> dict:
 
     from django.conf import settings
     from django.db import transaction
+    from django.db.models import F
     from django.utils import timezone
     from kubernetes import client
 
     from clusters.adapters.kubernetes.informer import Informer, forget_all
     from clusters.adapters.kubernetes.inventory import _last_pass, informers_for, take_inventory
-    from clusters.models import Cluster
+    from clusters.models import Cluster, NodeLastSeen
     from clusters.services.aggregation import flush_heartbeats
     from clusters.services.lifecycle import run_node_lifecycle
     from scheduling.engine.cache import SchedulerCache
@@ -124,7 +125,9 @@ def run(nodes: int, changes: int, say) -> dict:
         began = time.perf_counter()
         inventory_pass(cluster, api)
         first_pass = time.perf_counter() - began
-        run_node_lifecycle(timezone.now() + timedelta(seconds=settings.NODE_RECOVERY + 1))
+        # the nodes have reported on time for NODE_RECOVERY seconds, up to now: they are ready
+        NodeLastSeen.objects.update(good_since=F("seen_at") - timedelta(seconds=settings.NODE_RECOVERY + 1))
+        run_node_lifecycle(timezone.now())
 
         steady, skipped = [], []
         for _ in range(5):
