@@ -131,7 +131,8 @@ class LeaseScheduler(Scheduler):
             claim = self.lease.claim()
         except DatabaseError as exc:
             log.warning("beat %s: cannot reach the database to hold the lease (%s)", self.lease.holder, exc)
-            connection.close()  # the next try opens a fresh connection
+            with contextlib.suppress(DatabaseError):
+                connection.close()  # the next try opens a fresh connection
             claim = None
         if claim is None:
             self.next_claim = time.monotonic() + self.standby_every
