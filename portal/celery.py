@@ -24,28 +24,15 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-def role_queues(roles: list[str] | tuple[str, ...] | None = None) -> list[str]:
-    """The queue names a worker serving ``roles`` (every role when None) subscribes to, in the
-    form ``celery worker -Q`` takes; an unknown role raises ``ValueError``."""
-    from django.conf import settings
-
-    known = settings.ORRERY_CELERY_ROLES
-    roles = known if roles is None else roles
-    unknown = sorted(set(roles) - set(known))
-    if unknown:
-        raise ValueError(f"unknown Celery role(s) {unknown}; known: {list(known)}")
-    return [f"{settings.ORRERY_CELERY_QUEUE}.{role}" for role in roles]
-
-
 class Consumer(CeleryConsumer):
     """A worker's consumer that, once the broker is lost, tries again every
     ``ORRERY_CELERY_RECONNECT_MAX_S`` at most and never gives up.
 
     Celery's own consumer backs off 2, 4, 6 … 30 s between tries (kombu's defaults, which no
-    setting reaches) and exits after ``broker_connection_max_retries`` tries: after a Redis
-    restart it came back up to 30 s late, and after a long outage not at all, with nothing to
-    restart it. Reconnecting is cheap (one TCP connect to a local Redis), so a short, flat
-    interval costs nothing and bounds the recovery time.
+    setting reaches) and gives up after ``broker_connection_max_retries`` tries: after a Redis
+    restart it resumed up to 30 s after Redis was back (10.8 s measured after a 21 s outage), and
+    after a long outage not at all, with nothing to restart it. Reconnecting is cheap (one TCP
+    connect), so a short, flat interval costs nothing and bounds the recovery time.
     """
 
     def ensure_connected(self, conn: Connection) -> Connection:
