@@ -160,7 +160,7 @@ def test_a_worker_recovers_when_its_database_connections_are_terminated(tmp_path
         cut = time.time()
         second = submit()
         wait(lambda: placed(second), "a job to be placed after the connections were cut", timeout=30)
-        later = [t for t in succeeded(log, CYCLE) if t > cut]
+        later = wait(lambda: [t for t in succeeded(log, CYCLE) if t > cut], "the cycle's log line", 10)
         errors = log.read_text().count(" raised ")
         print(f"first cycle after the connections were cut: {min(later) - cut:.2f} s; tasks failed: {errors}")
         assert worker.process.poll() is None
