@@ -45,3 +45,18 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target} by {self.actor_name or self.source}"
+
+
+class BeatLease(models.Model):
+    """Which beat process may send the periodic schedule named ``name`` (the Celery queue prefix),
+    until ``expires_at`` (database time). Taken and renewed only by compare-and-set in
+    ``foundation.beat.Lease``: a holder renews its own row; anyone may take a row whose time is
+    up, and each change of holder adds one to ``term``."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=255, blank=True)
+    term = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder or 'nobody'} (term {self.term})"

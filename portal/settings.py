@@ -198,14 +198,25 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Celery: workers by role, beat behind a lease. Every task is a pass that beat sends again or a
+# doorbell the next pass covers, so none is acknowledged late: a message in flight when a worker
+# or Redis dies is simply dropped (nothing is left unacknowledged to restore on reconnect), and
+# each periodic entry expires before its next run, so a backlog from an outage is discarded
+# instead of worked through.
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# A worker never gives up on the broker: it retries without limit, at most
+# ORRERY_CELERY_RECONNECT_MAX_S apart (portal.celery.Consumer), so it is back within seconds of
+# Redis, however long Redis was away.
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CONSUMER = "portal.celery:Consumer"
+ORRERY_CELERY_RECONNECT_MAX_S = float(os.environ.get("ORRERY_CELERY_RECONNECT_MAX_S", 1.0))
 # Periodic work. Each entry expires before its next run, so a worker that falls behind never
 # works through a backlog of stale passes.
 _PERIODIC = {
@@ -222,11 +233,37 @@ _PERIODIC = {
     # every 2 s; each kind keeps its own pace (adapter.inventory_every_s)
     "cluster-inventory": ("clusters.tasks.take_inventories_task", 2.0),
 }
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
+# Each task's role; role R's queue is "<ORRERY_CELERY_QUEUE>.R", so production runs workers per
+# role (`celery worker -Q orrery.scheduling`) and a flood of one kind never waits in front of
+# another. The node lifecycle shares ingest's queue: when ingest is behind, silence is not judged
+# from last-seen rows the backlog has not written yet.
+ORRERY_CELERY_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
+ORRERY_CELERY_ROLES = ("ingest", "aggregation", "scheduling", "dispatch", "notifications")
+_TASK_ROLES = {
+    "clusters.tasks.flush_heartbeats_task": "ingest",
+    "clusters.tasks.take_inventories_task": "ingest",
+    "clusters.tasks.node_lifecycle_task": "ingest",
+    "clusters.tasks.sync_telemetry_task": "aggregation",
+    "clusters.tasks.prune_metrics_task": "aggregation",
+    "scheduling.tasks.scheduling_cycle_task": "scheduling",
+    "scheduling.tasks.sweep_lost_nodes_task": "scheduling",
+    "clusters.tasks.settle_draining_nodes_task": "scheduling",
+    "scheduling.tasks.dispatch_outbox_task": "dispatch",
+    "scheduling.tasks.sync_clusters_task": "dispatch",
+    "scheduling.tasks.sync_cluster_task": "dispatch",
+}
+CELERY_TASK_ROUTES = {task: {"queue": f"{ORRERY_CELERY_QUEUE}.{role}"} for task, role in _TASK_ROLES.items()}
+CELERY_TASK_DEFAULT_QUEUE = f"{ORRERY_CELERY_QUEUE}.notifications"  # a task with no route of its own
 CELERY_BEAT_SCHEDULE = {
     name: {"task": task, "schedule": every, "options": {"expires": every}}
     for name, (task, every) in _PERIODIC.items()
 }
+# Beat runs in two (or more) copies; only the holder of a lease in PostgreSQL sends, and a
+# standby takes the lease within ORRERY_BEAT_LEASE_S + 1 s of the holder's death
+# (foundation.beat). ORRERY_BEAT_METRICS_PORT, when set, serves the beat's Prometheus metrics.
+CELERY_BEAT_SCHEDULER = "foundation.beat:LeaseScheduler"
+ORRERY_BEAT_LEASE_S = float(os.environ.get("ORRERY_BEAT_LEASE_S", 10.0))
+ORRERY_BEAT_METRICS_PORT = int(os.environ.get("ORRERY_BEAT_METRICS_PORT", 0)) or None
 
 # --- auth and security ------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

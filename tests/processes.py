@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -12,10 +13,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
 
 ROOT = Path(__file__).resolve().parents[1]
+CELERY = [sys.executable, "-m", "celery", "-A", "portal"]
 
 
 def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:
@@ -34,11 +37,83 @@ def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:
     }
 
 
-def celery_worker_argv(env: dict[str, str], data_dir: Path) -> list[str]:
-    """A Celery worker with its beat, on the environment's own queue."""
-    argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool", "solo"]
-    schedule = str(data_dir / "beat-schedule")
-    return [*argv, "--loglevel", "WARNING", "-Q", env["ORRERY_CELERY_QUEUE"], "--schedule", schedule]
+def celery_worker_argv(
+    env: dict[str, str],
+    data_dir: Path,
+    *,
+    roles: tuple[str, ...] | None = None,
+    beat: bool = True,
+    loglevel: str = "WARNING",
+) -> list[str]:
+    """A Celery worker on the environment's own queues: every role's (``settings.ORRERY_CELERY_ROLES``)
+    unless ``roles`` names some, with its beat unless ``beat`` is false."""
+    argv = [*CELERY, "worker", "--pool", "solo", "--loglevel", loglevel]
+    argv += ["-Q", ",".join(role_queues(env, roles)), "--hostname", f"w{uuid.uuid4().hex[:8]}@%h"]
+    if beat:
+        argv += ["--beat", "--schedule", str(data_dir / f"beat-schedule-{uuid.uuid4().hex[:6]}")]
+    return argv
+
+
+def celery_beat_argv(env: dict[str, str], data_dir: Path, loglevel: str = "INFO") -> list[str]:
+    """A Celery beat process of its own (production runs two: only the lease holder sends)."""
+    schedule = str(data_dir / f"beat-schedule-{uuid.uuid4().hex[:6]}")  # never shared by two beats
+    return [*CELERY, "beat", "--loglevel", loglevel, "--schedule", schedule]
+
+
+def role_queues(env: dict[str, str], roles: tuple[str, ...] | None = None) -> list[str]:
+    """The queue names of ``roles`` (every role when None) under the environment's prefix."""
+    return [f"{env['ORRERY_CELERY_QUEUE']}.{role}" for role in roles or settings.ORRERY_CELERY_ROLES]
+
+
+def queued_tasks(env: dict[str, str], roles: tuple[str, ...] | None = None) -> list[str]:
+    """The names of the tasks waiting in the environment's queues of ``roles`` (of every role and
+    the bare prefix when None), read from Redis: kombu keeps a queue as a list of JSON messages
+    under the queue's name."""
+    queues = role_queues(env, roles) + ([env["ORRERY_CELERY_QUEUE"]] if roles is None else [])
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    try:
+        return [json.loads(raw)["headers"]["task"] for queue in queues for raw in client.lrange(queue, 0, -1)]
+    finally:
+        client.close()
+
+
+def forget_queues(env: dict[str, str]) -> None:
+    """Delete the environment's queues from Redis (a test's leftovers)."""
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    try:
+        client.delete(*role_queues(env), env["ORRERY_CELERY_QUEUE"])
+    finally:
+        client.close()
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free port, without persistence, which the test may
+    stop and start again (never the shared server)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir, self.port = data_dir, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> PrivateRedis:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
+        argv += ["--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait(self._answers, f"redis-server on port {self.port}", timeout=15)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()  # as a crash or a restart loses it: nothing saved
+            self.process.wait()
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as probe:
+                probe.sendall(b"PING\r\n")
+                return probe.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
 
 class Service:
