@@ -200,6 +200,7 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
         import django
 
         django.setup()
+        from django.conf import settings
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
@@ -224,7 +225,8 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
             "warning",
         ]
         worker = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool", "solo"]
-        worker += ["--loglevel", "WARNING", "-Q", env["ORRERY_CELERY_QUEUE"]]
+        queues = ",".join(f"{env['ORRERY_CELERY_QUEUE']}.{role}" for role in settings.ORRERY_CELERY_ROLES)
+        worker += ["--loglevel", "WARNING", "-Q", queues]
         worker += ["--schedule", f"{env['ORRERY_DATA_DIR']}/beat-schedule"]
         Path(env["ORRERY_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         log = open(Path(env["ORRERY_DATA_DIR"]) / "processes.log", "a")  # noqa: SIM115
