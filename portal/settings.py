@@ -184,7 +184,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- redis, cache, channels, celery -----------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # Redis is a cache: while it is away reads miss and writes are dropped (foundation/cache.py)
+    CACHES = {"default": {"BACKEND": "foundation.cache.ForgivingRedisCache", "LOCATION": REDIS_URL}}
     # The layer's blocking receive waits 5 s on Redis: a read time-out must be longer, or an idle
     # socket's receive fails and the socket closes (redis-py 8 reads with a 5 s default).
     _CHANNEL_REDIS = {"socket_timeout": 15.0, "socket_connect_timeout": 3.0, "socket_keepalive": True}

@@ -9,8 +9,10 @@ next drain tries again).
 
 Delivery is idempotent at both ends: the remote job is named after the attempt, so a drain that
 dies after delivering and before recording finds, rather than duplicates, the job next time; and
-only one drain at a time delivers to a cluster (a lease in the cache), so two workers never
-submit the same rows side by side. Runs on the doorbell after each placing cycle
+only one drain at a time delivers to a cluster (a session-level PostgreSQL advisory lock per
+cluster, released with the drain or with its connection; the cache on SQLite, which has one
+process), so two workers never submit the same rows side by side, and delivery goes on while
+Redis is away. Runs on the doorbell after each placing cycle
 (``wakeup.ring_dispatch``) and as a periodic sweep that re-drives whatever a lost doorbell left.
 
 **Rate.** Each cluster is handed at most ``ORRERY_DISPATCH_PER_CLUSTER_PER_S`` works a second
@@ -19,8 +21,8 @@ one second's worth: a burst of placements reaches a slurmctld or an API server a
 submissions a second, never all at once. Rows are taken per cluster, oldest first, as many as
 its bucket allows, so a cluster's backlog never holds back another's rows and each cluster's
 rows go in order; what waits stays pending for the next sweep (a second later, when the bucket
-has refilled). The bucket lives in the cache next to the lease, read and written only by the
-lease holder, so every worker shares it; when the cache cannot be reached it is kept in the
+has refilled). The bucket lives in the cache, read and written only by the cluster's lock
+holder, so every worker shares it; when the cache cannot be reached it is kept in the
 process instead (each worker then keeps the limit on its own).
 """
 
@@ -29,12 +31,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from clusters.adapters.base import AdapterError, RemoteState, Sent, Work
@@ -47,7 +50,8 @@ from scheduling.models import DispatchOutbox, JobAttempt
 from scheduling.wakeup import ring_dispatch, wake_sync
 
 log = logging.getLogger(__name__)
-LEASE_S = 120  # renewed at each record: longer than one delivery can take (squeue + sbatch time-outs)
+LEASE_S = 120  # SQLite's cache lease: longer than one delivery can take (squeue + sbatch time-outs)
+LOCK_CLASS = 0x0D15  # pg advisory lock (class, cluster id) of one cluster's delivery
 RECORD_EVERY_S = 0.2  # a slow adapter's results are recorded at least this often
 
 
@@ -65,30 +69,53 @@ def drain_outbox() -> int:
         clusters = set(of_kind.values_list("cluster_id", flat=True).distinct())
         more = False
         for cluster in Cluster.objects.filter(pk__in=clusters).order_by("pk"):
-            lease = f"orrery:dispatching:{cluster.pk}"
-            if not cache.add(lease, 1, timeout=LEASE_S):
-                continue  # another drain is delivering to this cluster now
-            try:
-                bucket = _Bucket(cluster.pk, _rate(kind))
-                allowed = min(adapter.dispatch_batch, bucket.tokens())
-                if not allowed:
-                    continue  # spent for now: the next sweep finds the bucket refilled
-                rows = list(
-                    pending.filter(cluster_id=cluster.pk)
-                    .order_by("id")
-                    .values_list("pk", "attempt_id")[:allowed]
-                )
-                handed, sent = _drain(cluster, rows, lease)
-                bucket.spend(handed)
-                delivered += sent
-                more |= len(rows) == adapter.dispatch_batch
-            except Exception:  # one broken cluster must not stop delivery to the others
-                log.exception("dispatch to cluster %s failed; its rows are tried again", cluster.name)
-            finally:
-                cache.delete(lease)
+            with _delivering(cluster.pk) as ours:
+                if not ours:
+                    continue  # another drain is delivering to this cluster now
+                try:
+                    bucket = _Bucket(cluster.pk, _rate(kind))
+                    allowed = min(adapter.dispatch_batch, bucket.tokens())
+                    if not allowed:
+                        continue  # spent for now: the next sweep finds the bucket refilled
+                    rows = list(
+                        pending.filter(cluster_id=cluster.pk)
+                        .order_by("id")
+                        .values_list("pk", "attempt_id")[:allowed]
+                    )
+                    handed, sent = _drain(cluster, rows)
+                    bucket.spend(handed)
+                    delivered += sent
+                    more |= len(rows) == adapter.dispatch_batch
+                except Exception:  # one broken cluster must not stop delivery to the others
+                    log.exception("dispatch to cluster %s failed; its rows are tried again", cluster.name)
         if more:
             ring_dispatch()  # a batch was full: come back at once rather than at the next sweep
     return delivered
+
+
+@contextmanager
+def _delivering(cluster_id: int) -> Iterator[bool]:
+    """Whether this drain may deliver to the cluster now: one drain per cluster at a time."""
+    if connection.vendor != "postgresql":
+        lease = f"orrery:dispatching:{cluster_id}"
+        ours = cache.add(lease, 1, timeout=LEASE_S)
+        try:
+            yield ours
+        finally:
+            if ours:
+                cache.delete(lease)
+        return
+    key = [LOCK_CLASS, cluster_id % (1 << 31)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+        ours = bool(cursor.fetchone()[0])
+    try:
+        yield ours
+    finally:
+        if ours and connection.is_usable():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+        # (a connection that died took its session's lock with it)
 
 
 def _rate(kind: str) -> float:
@@ -102,7 +129,7 @@ _LOCAL_BUCKETS: dict[int, tuple[float, float]] = {}  # cluster → (tokens, at),
 class _Bucket:
     """One cluster's token bucket: ``rate`` tokens a second, holding at most one second's worth
     (and at least one token, for rates under one a second). Read and written by the holder of
-    the cluster's lease only, so a read-modify-write needs no lock."""
+    the cluster's delivery lock only, so a read-modify-write needs no other lock."""
 
     def __init__(self, cluster_id: int, rate: float) -> None:
         self.key, self.cluster_id, self.rate = f"orrery:dispatch-bucket:{cluster_id}", cluster_id, rate
@@ -134,7 +161,7 @@ class _Bucket:
             log.warning("dispatch rate of cluster %s kept in this process: no cache", self.cluster_id)
 
 
-def _drain(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> tuple[int, int]:
+def _drain(cluster: Cluster, rows: list[tuple[int, Any]]) -> tuple[int, int]:
     """Deliver one cluster's rows (oldest first). Returns how many works the adapter was handed
     (what the cluster's rate counts) and how many were delivered."""
     active = set(
@@ -147,10 +174,10 @@ def _drain(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> tuple[i
     live = [(pk, attempt) for pk, attempt in rows if attempt in active]
     if not live:
         return 0, 0
-    return len(live), _deliver(cluster, live, lease)
+    return len(live), _deliver(cluster, live)
 
 
-def _deliver(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> int:
+def _deliver(cluster: Cluster, rows: list[tuple[int, Any]]) -> int:
     adapter = adapter_for(cluster.kind)
     works = load_works(attempt for _, attempt in rows)
     row_of = {str(attempt): pk for pk, attempt in rows}
@@ -163,7 +190,6 @@ def _deliver(cluster: Cluster, rows: list[tuple[int, Any]], lease: str) -> int:
             if time.monotonic() - last >= RECORD_EVERY_S:
                 delivered += _record(pending, row_of, by_id)
                 pending, last = [], time.monotonic()
-                cache.touch(lease, LEASE_S)
     except AdapterError as exc:
         log.warning("dispatch to %s failed: %s", cluster.name, exc)
         pending += [Sent(w.attempt_id, error=str(exc)[:1000]) for w in works if w.attempt_id not in told]

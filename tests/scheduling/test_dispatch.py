@@ -262,17 +262,30 @@ def test_a_kind_without_an_adapter_does_not_hold_up_the_others(alice, queue, fle
 
 
 def test_one_drain_at_a_time_delivers_to_a_cluster(alice, queue, fleet):
-    from django.core.cache import cache
+    """Another worker's drain holds the cluster's delivery lock (its own database session)."""
+    import psycopg
+    from django.db import connection
+
+    from scheduling.dispatch.outbox import LOCK_CLASS
 
     job = make_job(alice, queue, gpus=1)
     run_cycle(SchedulerCache())
     cluster = JobAttempt.objects.get(job=job).cluster
-    cache.add(f"orrery:dispatching:{cluster.pk}", 1, timeout=60)  # another worker is on it
+    db = connection.settings_dict
+    other = psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname=db["NAME"],
+        autocommit=True,
+    )
     try:
+        assert other.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, cluster.pk]).fetchone()[0]
         assert drain_outbox() == 0
         assert DispatchOutbox.objects.get().state == DispatchOutbox.State.PENDING
     finally:
-        cache.delete(f"orrery:dispatching:{cluster.pk}")
+        other.close()  # the other worker's session ends: its lock goes with it
     assert drain_outbox() == 1
 
 
