@@ -29,6 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", help="address other nodes reach this one at (gang jobs' head)")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument(
+        "--lease",
+        type=float,
+        help="seconds without an answered heartbeat before this node stops all its attempts "
+        "(default: the server's node failover time less the grace and two heartbeat intervals; "
+        "a longer one is refused)",
+    )
+    parser.add_argument(
+        "--retention",
+        type=float,
+        default=3600.0,
+        help="seconds an ended attempt's directories are kept once reported and shipped (default 3600)",
+    )
+    parser.add_argument(
         "--shared-user",
         default="nobody",
         help="the account work runs as on clusters with a shared identity (default nobody)",
@@ -56,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         labels=labels,
         address=args.address,
         grace=args.grace,
+        lease=args.lease,
+        retention=args.retention,
         shared_user=args.shared_user,
         podman_args=tuple(args.podman_arg),
         use_cgroups=not args.no_cgroups,

@@ -2,10 +2,22 @@
 it does not, and report — surviving a server outage without losing a report.
 
 Everything it must remember lives in its work directory: the node credential (0600), the
-attempts it runs (``attempts/``, see ``runner``) and the reports not yet delivered
-(``spool.jsonl``, replayed in order when the server answers again). Everything it writes is its
-own user's alone (umask 077); only ``jobs/`` is shared, one directory per attempt, each owned by
-the account the attempt runs as.
+attempts it runs (``attempts/``, see ``runner``), the reports not yet delivered (``spool.jsonl``,
+replayed in order when the server answers again) and its lease (``lease.json``). Everything it
+writes is its own user's alone (umask 077); only ``jobs/`` is shared, one directory per attempt,
+each owned by the account the attempt runs as. What it cannot write it keeps in memory and
+writes again later: a full or read-only disk neither stops the agent nor loses a report.
+
+**Self-fencing.** The server fails a silent node over after ``failover_after_s`` (it says so in
+every answer) and may then run the node's attempts elsewhere. The agent holds a *lease*,
+renewed by each heartbeat the server answers with 200 and counted from when that heartbeat was
+sent; it ends ``grace`` and two heartbeat intervals before the failover time (or earlier, with
+``lease``). An agent whose lease ends stops all its attempts (SIGTERM, grace, SIGKILL) and
+reports them failed ("fenced: …"), so no attempt ever runs on two nodes at once. On return the
+server's answer decides: what it no longer wants is stopped, the rest is reported.
+
+**Flow control.** A 429 or 503 answer with ``Retry-After`` is honoured (plus up to half again,
+at random, so that a fleet does not come back in step); it does not renew the lease.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import time
 import urllib.error
@@ -21,11 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from clusters.agent.cgroups import Cgroups
-from clusters.agent.runner import Refused, Runner
+from clusters.agent.runner import ENDED_STATES, Refused, Runner
 from clusters.agent.telemetry import CpuMeter, Gpus, boot_id, cpu_count_millicores, memory_bytes
 
 log = logging.getLogger("orrery.agent")
 VERSION = "0.1.0"
+MAX_REPORTS_PER_POST = 1000  # what the server takes at once
+MAX_POST_BYTES = 4 << 20  # output per POST, encoded: the server refuses bodies over 8 MiB
+MAX_RETRY_AFTER_S = 300.0
+CLEAN_EVERY_S = 60.0
 
 
 class ServerUnavailable(Exception):
@@ -44,6 +61,8 @@ class Agent:
         labels: dict[str, str] | None = None,
         address: str | None = None,
         grace: float = 10.0,
+        lease: float | None = None,
+        retention: float = 3600.0,
         shared_user: str = "nobody",
         podman_args: tuple[str, ...] = (),
         use_cgroups: bool = True,
@@ -76,7 +95,26 @@ class Agent:
         self.boot = boot_id()
         self.seq = int(time.time() * 1000)  # grows across agent restarts of one boot
         self.interval = 10.0
+        self.grace = grace
+        self.retention = retention
         self.credential = self._load_credential()
+        # The lease: see the module's docstring. ``last_ok`` is monotonic; the lease file
+        # carries it across restarts as wall-clock time.
+        self.lease_option = lease
+        self.failover_after: float | None = None
+        self.lease: float | None = lease
+        self.last_ok = time.monotonic()
+        self.fenced = False
+        self.hold_until = 0.0  # no request before this (monotonic): the server said Retry-After
+        self.errors = 0  # steps that failed in part, since start
+        self.queue: list[dict[str, Any]] = []  # reports not delivered yet, oldest first
+        self.unmarked: dict[str, str] = {}  # ended attempts not yet marked reported on disk
+        self.spool_saved = True
+        self.cleaned_at = 0.0
+        if lease is not None and lease <= 0:
+            raise SystemExit(f"--lease {lease:g}: a lease is a number of seconds above 0")
+        self._load_lease()
+        self._load_spool()
 
     # --- registration -----------------------------------------------------------------------
     def _credential_file(self) -> Path:
@@ -111,37 +149,166 @@ class Agent:
         }
         answer = self._post("register", body, self.join_token)
         self.credential = answer["credential"]
+        self.interval = float(answer.get("interval") or self.interval)
+        self._set_failover(answer.get("failover_after_s"), fatal=False)
         path = self._credential_file()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump({"server": self.server, "node": self.name, "credential": self.credential}, handle)
         log.info("registered as %s in cluster %s", answer["node"], answer["cluster"])
 
+    # --- the lease -----------------------------------------------------------------------------
+    def _load_lease(self) -> None:
+        try:
+            data = json.loads((self.work / "lease.json").read_text())
+        except (OSError, ValueError):
+            return
+        if data.get("server") != self.server:
+            return
+        self.interval = float(data.get("interval") or self.interval)
+        self.last_ok = time.monotonic() - max(time.time() - float(data.get("ok_at") or 0), 0.0)
+        self._set_failover(data.get("failover_after_s"), fatal=True)
+
+    def _set_failover(self, value: Any, *, fatal: bool) -> None:
+        """Derive the lease from the server's failover time; a ``lease`` option that would
+        outlive it is refused: at start-up the agent exits, later it logs an error and uses the
+        longest safe lease instead."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return
+        self.failover_after = float(value)
+        safe = self.failover_after - self.grace - 2 * self.interval
+        lease = safe if self.lease_option is None else self.lease_option
+        if lease > safe:
+            message = (
+                f"--lease {lease:g}s would outlive the node failover time: the server fails a "
+                f"silent node over after {self.failover_after:g}s, and a lease must end the stop "
+                f"grace ({self.grace:g}s) and two heartbeat intervals ({self.interval:g}s) before "
+                f"that: {safe:g}s at most"
+            )
+            if fatal:
+                raise SystemExit(message)
+            if self.lease != safe:
+                log.error("%s; the lease is %gs", message, safe)
+            lease = safe
+        if lease <= 0 and self.lease != lease:
+            log.error(
+                "no lease fits in the failover time (%gs) with a %gs grace and a %gs interval: "
+                "attempts are stopped as soon as a heartbeat fails",
+                self.failover_after,
+                self.grace,
+                self.interval,
+            )
+        self.lease = max(lease, 0.0)
+
+    def _renew(self, sent: float, answer: dict[str, Any]) -> None:
+        """A heartbeat answered with 200: the lease runs again from when it was sent."""
+        self.last_ok = sent
+        self.interval = float(answer.get("interval") or self.interval)
+        self._set_failover(answer.get("failover_after_s"), fatal=False)
+        if self.fenced:
+            log.warning("the control plane answers again: reconciling with what it wants")
+            self.fenced = False
+        state = {
+            "server": self.server,
+            "ok_at": time.time() - (time.monotonic() - sent),
+            "failover_after_s": self.failover_after,
+            "interval": self.interval,
+        }
+        try:
+            _write_atomically(self.work / "lease.json", json.dumps(state))
+        except OSError as exc:
+            log.warning("cannot write the lease file: %s", exc)
+
+    def lease_left(self) -> float | None:
+        """Seconds until the lease ends (negative once it has), None without a lease."""
+        return None if self.lease is None else self.last_ok + self.lease - time.monotonic()
+
+    def _fence_if_expired(self) -> None:
+        """Stop every attempt once the lease has ended, before the server may run them
+        elsewhere; their ends are reported as failed ("fenced: …")."""
+        left = self.lease_left()
+        if left is None or left >= 0 or not self.runner.attempts:
+            return
+        if not self.fenced:
+            log.error(
+                "FENCING: no answer from the control plane for %.0f s (lease %.0f s, node failover "
+                "after %.0f s): stopping all %d attempts before it may run them elsewhere",
+                time.monotonic() - self.last_ok,
+                self.lease,
+                self.failover_after or 0,
+                len(self.runner.attempts),
+            )
+        self.fenced = True
+        for attempt_id in list(self.runner.attempts):
+            self.runner.stop(attempt_id, "fenced")
+        deadline = time.monotonic() + self.grace + 5
+        while self.runner.attempts and time.monotonic() < deadline:
+            self._spool_ends()  # SIGKILL after the grace, through runner.poll
+            time.sleep(0.05)
+        self._spool_ends()
+
     # --- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
         while True:
             started = time.monotonic()
-            self.step()
-            time.sleep(max(self.interval - (time.monotonic() - started), 0.2))
+            self.step(budget=max(self.interval / 2, 1.0))
+            pause = self.interval - (time.monotonic() - started)
+            left = self.lease_left()
+            if left is not None and left > 0 and self.runner.attempts:
+                pause = min(pause, left + 0.05)  # wake when the lease ends, not an interval later
+            time.sleep(max(pause, 0.2))
 
-    def step(self) -> None:
-        """One round: watch processes, heartbeat, act on the answer, deliver reports."""
+    def step(self, budget: float = 120.0) -> None:
+        """One round: watch processes, heartbeat, act on the answer, deliver reports and output
+        (until all is delivered or ``budget`` seconds are spent). An error in any part is
+        logged and counted, and the rest goes on: the agent never dies of one."""
+        self._safely("watching the attempts", self._spool_ends)
+        answer = self._safely("heartbeat", self._heartbeat)
+        if answer is None:
+            self._safely("fencing", self._fence_if_expired)
+            return
+        self._safely(
+            "reconciling",
+            lambda: self._reconcile(answer.get("desired") or [], set(answer.get("stop") or [])),
+        )
+        self._safely("watching the attempts", self._spool_ends)
+        self._safely("delivering", lambda: self._deliver(budget))
+        if time.monotonic() - self.cleaned_at > min(CLEAN_EVERY_S, self.retention):
+            self.cleaned_at = time.monotonic()
+            self._safely("cleaning up", lambda: self.runner.clean(self.retention))
+
+    def _safely(self, what: str, action: Any) -> Any:
+        try:
+            return action()
+        except Exception:
+            self.errors += 1
+            log.exception("error while %s (%d so far); the agent goes on", what, self.errors)
+            return None
+
+    def _heartbeat(self) -> dict[str, Any] | None:
+        """The server's answer, or None when there is none to act on."""
         if self.credential is None:
+            if not self._ready():
+                return None
             try:
                 self.register()
             except ServerUnavailable as exc:
                 log.warning("cannot register yet: %s", exc)
-                return
-        self._spool_ends()
+                return None
+        if not self._ready():
+            return None
+        sent = time.monotonic()
         try:
             answer = self._post("heartbeat", self._report(), self.credential)
         except ServerUnavailable as exc:
             log.warning("server unavailable, running on: %s", exc)
-            return
-        self.interval = float(answer.get("interval") or self.interval)
-        self._reconcile(answer.get("desired") or [], set(answer.get("stop") or []))
-        self._spool_ends()
-        self._deliver()
+            return None
+        self._renew(sent, answer)
+        return answer
+
+    def _ready(self) -> bool:
+        """Whether the server may be asked now (not while it asked us to wait)."""
+        return time.monotonic() >= self.hold_until
 
     def _report(self) -> dict[str, Any]:
         self.seq += 1
@@ -173,74 +340,152 @@ class Agent:
                 log.info("stopping %s: the server no longer wants it", attempt_id)
                 self.runner.stop(attempt_id, "cancelled")
         for attempt_id, entry in wanted.items():
-            if attempt_id in self.runner.attempts or (self.runner.root / attempt_id / "reported").exists():
+            if attempt_id in self.runner.attempts or self.runner.is_ended(attempt_id):
                 continue
             try:
                 self.runner.start(entry)
             except (Refused, OSError) as exc:
                 log.warning("refused %s (job %s): %s", attempt_id, entry["job"], exc)
                 reason = f"not started: {exc}"[:500]
-                self._spool([{"attempt": attempt_id, "state": "failed", "reason": reason}])
                 self.runner.refuse(attempt_id)
+                self._spool([{"attempt": attempt_id, "state": "failed", "reason": reason}])
                 continue
             log.info("started %s (job %s) on GPUs %s", attempt_id, entry["job"], entry.get("gpus"))
             self._spool([{"attempt": attempt_id, "state": "running", "node_rank": entry.get("node_rank", 0)}])
 
     # --- reports, with a spool that survives outages ------------------------------------------
-    def _spool_ends(self) -> None:
-        """Ended attempts: spool the report first, then mark the attempt reported, so a crash
-        in between reports it twice (harmless) rather than never."""
-        ended = self.runner.poll()
-        self._spool(ended)
-        for report in ended:
-            self.runner.mark_reported(report["attempt"], report["state"])
+    def _load_spool(self) -> None:
+        try:
+            lines = (self.work / "spool.jsonl").read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("cannot read the spool: %s", exc)
+            return
+        for line in lines:
+            try:
+                report = json.loads(line)
+            except ValueError:  # a line torn by a crash or a full disk
+                report = None
+            if isinstance(report, dict) and isinstance(report.get("attempt"), str):
+                self.queue.append(report)
+            elif line.strip():
+                log.warning("dropped a torn line of the spool: %r", line[:100])
+
+    def _save_spool(self) -> bool:
+        """Write the undelivered reports to disk (all of them, atomically); False when that
+        fails: they stay in memory and the next change tries again."""
+        try:
+            _write_atomically(self.work / "spool.jsonl", "".join(json.dumps(r) + "\n" for r in self.queue))
+        except OSError as exc:
+            if self.spool_saved:
+                log.error("cannot write the spool (%d reports kept in memory): %s", len(self.queue), exc)
+            self.spool_saved = False
+            return False
+        if not self.spool_saved:
+            log.warning("the spool is written again")
+        self.spool_saved = True
+        return True
 
     def _spool(self, reports: list[dict[str, Any]]) -> None:
-        if not reports:
-            return
-        with open(self.work / "spool.jsonl", "a") as handle:
-            for report in reports:
-                handle.write(json.dumps(report) + "\n")
-
-    def _deliver(self) -> None:
-        path = self.work / "spool.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        reports = [json.loads(line) for line in lines[:500]]  # the server takes 1000 at most
-        chunks = self.runner.new_output()[:20]  # 256 KiB each at most: a POST stays under 8 MiB
-        if not reports and not chunks:
-            return
-        body = {
-            "node": self.name,
-            "reports": reports,
-            "logs": [{k: v for k, v in c.items() if not k.startswith("_")} for c in chunks],
-        }
-        try:
-            self._post("attempts", body, self.credential)
-        except ServerUnavailable as exc:
-            log.warning("reports kept for later: %s", exc)
-            return
         if reports:
-            path.write_text("".join(line + "\n" for line in lines[len(reports) :]))
-        self.runner.mark_shipped(chunks)
+            self.queue.extend(reports)
+            self._save_spool()
+
+    def _spool_ends(self) -> None:
+        """Ended attempts: spool the report first, then mark the attempt reported, so a crash
+        in between reports it twice (harmless) rather than never. While the spool cannot be
+        written the marks wait too: a restarted agent then finds the attempt again."""
+        ended = self.runner.poll()
+        self.unmarked.update({r["attempt"]: r["state"] for r in ended})
+        self.queue.extend(ended)
+        if ended or not self.spool_saved:
+            self._save_spool()
+        if self.spool_saved:
+            for attempt_id, state in list(self.unmarked.items()):
+                if self.runner.mark_reported(attempt_id, state):
+                    del self.unmarked[attempt_id]
+
+    def _deliver(self, budget: float) -> None:
+        """Send the spooled reports, oldest first, and new output, request after request,
+        until nothing is left or ``budget`` seconds are spent."""
+        deadline = time.monotonic() + budget
+        while self._ready():
+            reports = self.queue[:MAX_REPORTS_PER_POST]
+            chunks, size = [], 0
+            for chunk in self.runner.new_output(MAX_POST_BYTES):
+                item = {k: v for k, v in chunk.items() if not k.startswith("_")}
+                size += len(json.dumps(item, ensure_ascii=False).encode())
+                if chunks and (size > MAX_POST_BYTES or len(chunks) >= MAX_REPORTS_PER_POST):
+                    break
+                chunks.append(chunk)
+            if not reports and not chunks:
+                return
+            body = {
+                "node": self.name,
+                "reports": reports,
+                "logs": [{k: v for k, v in c.items() if not k.startswith("_")} for c in chunks],
+            }
+            try:
+                self._post("attempts", body, self.credential)
+            except ServerUnavailable as exc:
+                log.warning("reports kept for later: %s", exc)
+                return
+            del self.queue[: len(reports)]
+            self._save_spool()
+            self.runner.mark_shipped(chunks)
+            for report in reports:
+                if report.get("state") in ENDED_STATES:
+                    if self.unmarked.pop(report["attempt"], None):
+                        self.runner.mark_reported(report["attempt"], report["state"])
+                    self.runner.mark_delivered(report["attempt"])
+            if time.monotonic() > deadline:
+                return
 
     def _post(self, endpoint: str, body: dict[str, Any], bearer: str | None) -> dict[str, Any]:
         request = urllib.request.Request(
             f"{self.server}/api/v1/agent/{endpoint}",
-            data=json.dumps(body).encode(),
+            data=json.dumps(body, ensure_ascii=False).encode(),
             method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {bearer}"},
         )
+        # A request never outlasts the lease by much: the lease is checked when it fails.
+        left = self.lease_left() if self.runner.attempts and not self.fenced else None
+        timeout = 15.0 if left is None else min(max(left, 1.0), 15.0)
         try:
-            with urllib.request.urlopen(request, timeout=15) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
+            if exc.code in (429, 503):
+                self._hold(exc.headers.get("Retry-After"))
             if exc.code == 401 and endpoint != "register":
                 log.error("credential refused; registering again")
                 self.credential = None
             raise ServerUnavailable(f"HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
             raise ServerUnavailable(str(exc)) from None
+
+    def _hold(self, retry_after: str | None) -> None:
+        """Ask nothing of the server for ``Retry-After`` seconds (an interval without one), plus
+        up to half again at random."""
+        try:
+            wait = float(retry_after) if retry_after else self.interval
+        except ValueError:  # an HTTP date: not worth parsing, an interval will do
+            wait = self.interval
+        wait = min(max(wait, 0.5), MAX_RETRY_AFTER_S) * random.uniform(1.0, 1.5)
+        self.hold_until = max(self.hold_until, time.monotonic() + wait)
+        log.warning("the server asks to wait: next request in %.1f s", wait)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: a crash leaves the old content or the new, never half."""
+    temporary = path.with_name(path.name + ".new")
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def _my_address() -> str:

@@ -14,7 +14,14 @@ resolved in the node's own user database: uid, gid and supplementary groups) thr
 ``CUDA_VISIBLE_DEVICES``, ``HOME``, ``USER``, ``LOGNAME``, ``PATH``) that is applied only after
 the privileges are dropped. A container-image attempt runs under ``podman`` as that same
 account. The outer shell, root's, writes the job's exit status to ``exit_code`` when it ends,
-so an agent that restarts finds its attempts again and learns how they ended.
+so an agent that restarts finds its attempts again and learns how they ended. That shell first
+writes its own pid to ``pid``: an agent killed between starting an attempt and recording it
+(``meta.json``) finds the unrecorded processes by it and kills them before anything else
+(checking ``/proc`` that they still belong to the attempt: pids are reused).
+
+An attempt's directories go ``retention`` seconds after its end reached the server and its
+output was all shipped (``clean``); its id stays in ``WORK/ended`` (one line each), so an
+attempt the server still lists is never started again.
 
 Each attempt has its own cgroup (``cgroups``): CPU and memory limits from the job's request,
 and a stop that reaches every process it started (SIGTERM to all, SIGKILL to all after
@@ -24,6 +31,7 @@ process group is all there is.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
@@ -42,6 +50,12 @@ from typing import Any
 from clusters.agent.cgroups import Cgroups, Group
 
 log = logging.getLogger("orrery.agent")
+FENCED = "fenced: lost contact with the control plane"
+LOG_CHUNK = 256 * 1024  # bytes of output per chunk: a chunk stays far below the server's 1 MiB
+LOG_KEEP = 1 << 20  # the server keeps this much of each attempt's output (JobLog.MAX_BYTES)…
+LOG_SKIP_PAST = 8 << 20  # …so a backlog past this is skipped down to its last LOG_KEEP bytes
+LOG_HOP = 32 << 20  # a skip moves at most this far per chunk: half the server's MAX_LOG_GAP
+ENDED_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -68,7 +82,7 @@ class Attempt:
     time_limit: float | None
     popen: subprocess.Popen | None = None
     stopping_since: float | None = None
-    stop_reason: str = ""  # "cancelled" or "timeout" once we stop it
+    stop_reason: str = ""  # "cancelled", "timeout" or "fenced" once we stop it
     group: Group | None = None
     container: str = ""  # the podman container's name, for an image attempt
 
@@ -96,15 +110,33 @@ class Runner:
         self.cgroups = cgroups
         self.real_gpus = real_gpus
         self.attempts: dict[str, Attempt] = {}
+        # What is known in memory first, so that a work directory that cannot be written
+        # never makes an attempt run twice nor its output ship again and again.
+        self.ended: dict[str, str] = {}  # attempt id → end state, for attempts ended in this run
+        self.shipped: dict[str, int] = {}  # attempt id → bytes of output shipped
+        self.ended_record = work_dir / "ended"
+        self.cleaned = self._cleaned()
         self._adopt()
+
+    def _cleaned(self) -> set[str]:
+        try:
+            return {line.split()[0] for line in self.ended_record.read_text().splitlines() if line.strip()}
+        except FileNotFoundError:
+            return set()
 
     def _adopt(self) -> None:
         """Attempts a previous run of the agent started, still running or not."""
         for directory in self.root.iterdir():
             meta = directory / "meta.json"
-            if not meta.exists() or (directory / "reported").exists():
+            if (directory / "reported").exists():
                 continue
-            info = json.loads(meta.read_text())
+            try:
+                info = json.loads(meta.read_text())
+            except (OSError, ValueError):
+                # Started but never recorded (or recorded in part): nothing to adopt, and
+                # nothing of it may run on beside a later start.
+                self._kill_unrecorded(directory.name)
+                continue
             self.attempts[directory.name] = Attempt(
                 directory.name,
                 info["pgid"],
@@ -137,11 +169,53 @@ class Runner:
         return Account(name, entry.pw_uid, entry.pw_gid, groups or (entry.pw_gid,), entry.pw_dir)
 
     # --- starting ---------------------------------------------------------------------------
+    def is_ended(self, attempt_id: str) -> bool:
+        """Whether this node ran (or refused) the attempt to its end: it never starts again."""
+        return (
+            attempt_id in self.ended
+            or attempt_id in self.cleaned
+            or (self.root / attempt_id / "reported").exists()
+        )
+
     def refuse(self, attempt_id: str) -> None:
         """Remember an attempt that was refused, so it is never started later."""
+        self.ended[attempt_id] = "failed"
         state = self.root / attempt_id
-        state.mkdir(mode=0o700, exist_ok=True)
-        (state / "reported").write_text("failed")
+        try:
+            state.mkdir(mode=0o700, exist_ok=True)
+            (state / "reported").write_text("failed")
+        except OSError as exc:
+            log.warning("cannot record the refusal of %s (kept in memory): %s", attempt_id, exc)
+
+    def _kill_unrecorded(self, attempt_id: str) -> None:
+        """Kill what an earlier start of the attempt left running without a record (the agent
+        died between starting it and writing ``meta.json``): through its cgroup, its container,
+        and the process group its wrapper shell wrote to ``pid``."""
+        state = self.root / attempt_id
+        killed = 0
+        if self.cgroups is not None:
+            group = self.cgroups.group(attempt_id)
+            if group.exists() and group.pids():
+                killed += len(group.pids())
+                group.kill()
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            leader = int((state / "pid").read_text().strip())
+            members = _members(leader, str(state / "exit_code"), attempt_id)
+            if leader in members:  # the wrapper itself, checked: its whole group goes
+                _signal_group(leader, signal.SIGKILL)
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed += len(members)
+        if (state / "env.list").exists() and self.podman:
+            subprocess.run(
+                [self.podman, "rm", "--force", "--time=0", f"orrery-{attempt_id}"],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        if killed:
+            log.warning("killed %d unrecorded process(es) of %s left by an earlier start", killed, attempt_id)
 
     def start(self, entry: dict[str, Any]) -> Attempt:
         """Start one attempt; raises ``Refused`` (nothing started) when it cannot run here."""
@@ -163,13 +237,15 @@ class Runner:
             (job / name).write_text(text)
             os.chown(job / name, account.uid, account.gid)
         os.chown(job, account.uid, account.gid)
+        # An agent killed between starting this attempt and recording it left processes it
+        # cannot adopt: they go before the attempt starts again, never beside it.
+        self._kill_unrecorded(entry["attempt"])
+        for stale in ("pid", "exit_code", "meta.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (state / stale).unlink()
         group = None
         if self.cgroups is not None:
             group = self.cgroups.group(entry["attempt"])
-            # An agent killed between starting this attempt and recording it left processes
-            # it cannot adopt: they go before the attempt starts again, never beside it.
-            if group.exists() and group.pids():
-                group.kill()
             group.create(int(entry.get("cpu_millicores") or 0), int(entry.get("memory_bytes") or 0))
         container = f"orrery-{entry['attempt']}" if image else ""
         if image:
@@ -177,10 +253,14 @@ class Runner:
             command = self._podman(entry, account, job, state / "env.list", container, group)
         else:
             command = self._as_user(account)
-        exit_file = state / "exit_code"
-        # Root's shell runs the job's command and records how it ended, even if the agent that
-        # started it is gone by then; nothing of the job's environment reaches it.
-        wrapper = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
+        exit_file, pid_file = state / "exit_code", state / "pid"
+        # Root's shell writes its pid first (what a restarted agent goes by when this start was
+        # never recorded), runs the job's command and records how it ended, even if the agent
+        # that started it is gone by then; nothing of the job's environment reaches it.
+        wrapper = (
+            f"echo $$ > {shlex.quote(str(pid_file))}; "
+            f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
+        )
         fd = os.open(state / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab") as output:
             popen = subprocess.Popen(
@@ -314,21 +394,26 @@ class Runner:
 
     # --- watching -------------------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
-        """Enforce time limits and grace periods; return reports of attempts that ended."""
+        """Enforce time limits and grace periods; return reports of attempts that ended. A
+        failure with one attempt is logged and the others are watched all the same (an ended
+        attempt's report is never dropped for another's error)."""
         now = time.time()
         reports = []
         for attempt in list(self.attempts.values()):
-            if (
-                attempt.time_limit
-                and attempt.stopping_since is None
-                and now - attempt.started > attempt.time_limit
-            ):
-                self.stop(attempt.id, "timeout")
-            if attempt.stopping_since is not None and now - attempt.stopping_since > self.grace:
-                self._kill(attempt)
-            if self._alive(attempt):
-                continue
-            reports.append(self._ended(attempt))
+            try:
+                if (
+                    attempt.time_limit
+                    and attempt.stopping_since is None
+                    and now - attempt.started > attempt.time_limit
+                ):
+                    self.stop(attempt.id, "timeout")
+                if attempt.stopping_since is not None and now - attempt.stopping_since > self.grace:
+                    self._kill(attempt)
+                if self._alive(attempt):
+                    continue
+                reports.append(self._ended(attempt))
+            except Exception:
+                log.exception("error while watching %s", attempt.id)
         return reports
 
     def _alive(self, attempt: Attempt) -> bool:
@@ -376,52 +461,146 @@ class Runner:
         reason = {"timeout": "time limit reached", "cancelled": "stopped by the agent"}.get(state, "")
         if state == "failed" and code is None:
             reason = "killed"
+        if state == "fenced":
+            state, reason = "failed", FENCED
         del self.attempts[attempt.id]
+        self.ended[attempt.id] = state
         return {"attempt": attempt.id, "state": state, "exit_code": code, "reason": reason}
 
-    def mark_reported(self, attempt_id: str, state: str) -> None:
-        """Called once the end of an attempt is safely in the spool."""
-        (self.root / attempt_id / "reported").write_text(state)
+    def mark_reported(self, attempt_id: str, state: str) -> bool:
+        """Called once the end of an attempt is safely in the spool (or at the server); False
+        when the mark cannot be written (the end stays known in memory)."""
+        try:
+            (self.root / attempt_id / "reported").write_text(state)
+            return True
+        except OSError as exc:
+            log.warning("cannot mark %s reported: %s", attempt_id, exc)
+            return False
 
-    def new_output(self, limit: int = 256 * 1024) -> list[dict[str, Any]]:
-        """Output not shipped yet, per attempt (running or just ended)."""
-        chunks = []
-        for directory in self.root.iterdir():
-            log = directory / "output.log"
-            shipped_file = directory / "shipped"
-            shipped = int(shipped_file.read_text()) if shipped_file.exists() else 0
+    def mark_delivered(self, attempt_id: str) -> None:
+        """The server has the end of the attempt: its directories may go after ``retention``."""
+        with contextlib.suppress(OSError):
+            (self.root / attempt_id / "delivered").write_text("")
+
+    def _shipped_of(self, directory: Path) -> int:
+        if directory.name not in self.shipped:
             try:
-                size = log.stat().st_size
+                self.shipped[directory.name] = int((directory / "shipped").read_text())
+            except (OSError, ValueError):
+                self.shipped[directory.name] = 0
+        return self.shipped[directory.name]
+
+    def new_output(self, budget: int = 4 << 20) -> list[dict[str, Any]]:
+        """Output not shipped yet (running attempts or ended ones), ``LOG_CHUNK`` bytes a chunk,
+        about ``budget`` bytes in all. A backlog past ``LOG_SKIP_PAST`` is skipped down to its
+        last ``LOG_KEEP`` bytes, all the server keeps: it gets one small chunk every
+        ``LOG_HOP`` bytes on the way (within its gap limit; it marks each gap), then the tail."""
+        chunks: list[dict[str, Any]] = []
+        for directory in self.root.iterdir():
+            if budget <= 0:
+                break
+            try:
+                size = (directory / "output.log").stat().st_size
             except OSError:
                 continue
+            shipped = self._shipped_of(directory)
             if size <= shipped:
                 continue
-            with open(log, "rb") as handle:
-                handle.seek(shipped)
-                data = handle.read(limit)
-            if len(data) == limit:  # do not cut a UTF-8 character in two: end on a whole one
-                keep = len(data)
-                while keep > len(data) - 4 and keep > 0 and (data[keep - 1] & 0xC0) == 0x80:
-                    keep -= 1
-                if keep > 0 and data[keep - 1] >= 0xC0:
-                    keep -= 1
-                data = data[:keep] or data
-            chunks.append(
-                {
-                    "attempt": directory.name,
-                    "offset": shipped,
-                    "end": shipped + len(data),
-                    "data": data.decode("utf-8", "replace"),
-                    "_end": shipped + len(data),
-                    "_dir": str(directory),
-                }
-            )
+            with open(directory / "output.log", "rb") as handle:
+                if size - shipped > LOG_SKIP_PAST:
+                    shipped = _skip(handle, shipped, size, directory, chunks)
+                while shipped < size and budget > 0:
+                    handle.seek(shipped)
+                    data = _whole_characters(handle.read(min(LOG_CHUNK, size - shipped)))
+                    if not data:
+                        break
+                    chunks.append(_chunk(directory, shipped, data))
+                    shipped += len(data)
+                    budget -= len(data)
         return chunks
 
-    @staticmethod
-    def mark_shipped(chunks: list[dict[str, Any]]) -> None:
-        for chunk in chunks:
-            (Path(chunk["_dir"]) / "shipped").write_text(str(chunk["_end"]))
+    def mark_shipped(self, chunks: list[dict[str, Any]]) -> None:
+        ends = {chunk["attempt"]: (Path(chunk["_dir"]), chunk["_end"]) for chunk in chunks}
+        for attempt_id, (directory, end) in ends.items():
+            self.shipped[attempt_id] = max(end, self.shipped.get(attempt_id, 0))
+            with contextlib.suppress(OSError):  # memory knows; the file is for a restart
+                (directory / "shipped").write_text(str(self.shipped[attempt_id]))
+
+    def clean(self, retention: float) -> int:
+        """Remove the directories of attempts whose end the server has had for ``retention``
+        seconds and whose output is all shipped; their ids stay in ``WORK/ended``. Returns how
+        many went."""
+        now, removed = time.time(), 0
+        for directory in list(self.root.iterdir()):
+            attempt_id = directory.name
+            try:
+                delivered = (directory / "delivered").stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if attempt_id in self.attempts or now - delivered < retention:
+                continue
+            try:
+                size = (directory / "output.log").stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size > self._shipped_of(directory):
+                continue
+            with open(self.ended_record, "a") as record:  # first the record, then the removal
+                record.write(f"{attempt_id} {int(now)}\n")
+            self.cleaned.add(attempt_id)
+            shutil.rmtree(self.jobs / attempt_id, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
+            self.shipped.pop(attempt_id, None)
+            self.ended.pop(attempt_id, None)
+            removed += 1
+        return removed
+
+
+def _skip(handle: Any, shipped: int, size: int, directory: Path, chunks: list[dict[str, Any]]) -> int:
+    """Skip a backlog down to its last ``LOG_KEEP`` bytes (from the start of a line where one
+    is near): a chunk of a few bytes every ``LOG_HOP`` tells the server how far the stream
+    went. Returns where shipping goes on."""
+    target = size - LOG_KEEP
+    handle.seek(target)
+    newline = handle.read(64 * 1024).find(b"\n")
+    if newline >= 0:
+        target += newline + 1
+    while target - shipped > LOG_HOP:
+        shipped += LOG_HOP
+        handle.seek(shipped)
+        line = handle.read(4096)
+        data = _whole_characters(line[: line.find(b"\n") + 1] or line[:1])
+        chunks.append(_chunk(directory, shipped, data))
+        shipped += len(data)
+    return target
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """Do not cut a UTF-8 character in two: end on a whole one (unless there is none)."""
+    if len(data) < LOG_CHUNK:
+        return data
+    keep = len(data)
+    while keep > len(data) - 4 and keep > 0 and (data[keep - 1] & 0xC0) == 0x80:
+        keep -= 1
+    if keep > 0 and data[keep - 1] >= 0xC0:
+        keep -= 1
+    return data[:keep] or data
+
+
+def _chunk(directory: Path, offset: int, data: bytes) -> dict[str, Any]:
+    """A chunk as the server takes it. Bytes that are not UTF-8 become "?", one for one, so
+    the text is as long in bytes as what it stands for and the offsets stay true."""
+    return {
+        "attempt": directory.name,
+        "offset": offset,
+        "end": offset + len(data),
+        "data": data.decode("utf-8", "orrery-bytes"),
+        "_end": offset + len(data),
+        "_dir": str(directory),
+    }
+
+
+codecs.register_error("orrery-bytes", lambda error: ("?" * (error.end - error.start), error.end))
 
 
 def _exports(env: dict[str, str]) -> str:
@@ -432,6 +611,28 @@ def _exports(env: dict[str, str]) -> str:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _members(leader: int, exit_path: str, attempt_id: str) -> list[int]:
+    """The processes of the process group ``leader`` that belong to the attempt: its wrapper
+    shell (whose command line names the attempt's ``exit_code``) or the job's processes (whose
+    environment names the attempt). Anything else in a reused group id is left alone."""
+    marker = f"ORRERY_ATTEMPT_ID={attempt_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != leader:
+                continue
+            ours = exit_path.encode() in (entry / "cmdline").read_bytes() or marker in (
+                entry / "environ"
+            ).read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ours:
+            found.append(int(entry.name))
+    return found
 
 
 def _group_alive(pgid: int) -> bool:

@@ -209,6 +209,7 @@ def register(body: Any, bearer: str) -> Answer:
             "cluster": node.cluster.name,
             "credential": credential,
             "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+            "failover_after_s": settings.NODE_FAILOVER_AFTER,
         },
     )
 
@@ -249,6 +250,8 @@ def heartbeat(body: Any, bearer: str) -> Answer:
     return 200, {
         "accepted": bool(accepted),
         "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
+        # the node's agent stops its attempts before this much silence (its lease)
+        "failover_after_s": settings.NODE_FAILOVER_AFTER,
         "desired": desired,
         "stop": [a for a in record["r"] if a not in wanted],
     }

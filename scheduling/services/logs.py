@@ -36,7 +36,9 @@ def store_log(chunk: LogChunk, *, max_gap: int | None = None) -> bool:
         text = row.text.encode() + data.replace(b"\x00", "\ufffd".encode())
         if len(text) > JobLog.MAX_BYTES:
             cut = len(text) - JobLog.MAX_BYTES
-            text, row.start = text[cut:], row.start + cut
+            # past a gap the text is shorter than the stream it stands for: the first byte kept
+            # is where the kept text starts counting back from the end
+            text, row.start = text[cut:], max(row.start + cut, end - JobLog.MAX_BYTES)
         row.text = text.decode("utf-8", "replace")
         row.end = max(row.end, end)
         row.save()

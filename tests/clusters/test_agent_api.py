@@ -101,7 +101,8 @@ def test_heartbeat_is_buffered_not_written(client, registered, django_assert_max
     with django_assert_max_num_queries(2):
         answer = post(client, "heartbeat", report(seq=1), registered["credential"])
     assert answer.status_code == 200
-    assert answer.json() == {"accepted": True, "interval": 10, "desired": [], "stop": []}
+    expected = {"accepted": True, "interval": 10, "failover_after_s": 300, "desired": [], "stop": []}
+    assert answer.json() == expected
     assert get_buffer().latest([registered["nodeId"]])[registered["nodeId"]]["q"] == 1
     with django_assert_max_num_queries(0):
         post(client, "heartbeat", report(seq=2), registered["credential"])

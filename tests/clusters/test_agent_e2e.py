@@ -35,7 +35,7 @@ def service_env(tmp: Path) -> dict[str, str]:
         ORRERY_HEARTBEAT_INTERVAL="1",
         ORRERY_NODE_RECOVERY="1",
         ORRERY_NODE_GRACE="3",
-        ORRERY_NODE_FAILOVER_AFTER="5",
+        ORRERY_NODE_FAILOVER_AFTER="12",  # an agent's lease: 12 - grace 1 - 2 × interval 1 = 9 s
         ORRERY_FAILOVER_PER_MINUTE="100",
     )
 
