@@ -154,8 +154,13 @@ def run_node_lifecycle(now: datetime | None = None) -> LifecycleResult:
 
 def fresh_bound() -> float:
     """Seconds within which a heartbeat counts as on time: ``NODE_RECOVERY_FRESH``, and never
-    more than ``NODE_GRACE`` (a node silent past the grace is not on time)."""
-    return min(settings.NODE_RECOVERY_FRESH, settings.NODE_GRACE)
+    more than ``NODE_GRACE`` (a node silent past the grace is not on time) — but never less
+    than one flush period and one heartbeat interval: heartbeats reach the database only at
+    each flush, so two consecutive ones seen there are that far apart on a healthy node (with
+    short test timers a grace under the flush period would otherwise keep every node out)."""
+    flush_every = float(settings.CELERY_BEAT_SCHEDULE["flush-heartbeats"]["schedule"])
+    floor = flush_every + settings.ORRERY_HEARTBEAT_INTERVAL
+    return max(min(settings.NODE_RECOVERY_FRESH, settings.NODE_GRACE), floor)
 
 
 _deaf_since: str | None = None  # this process's current pause, so that it is logged once
