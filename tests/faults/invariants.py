@@ -145,22 +145,23 @@ def attempts_running_here() -> dict[str, int]:
 
 
 def process_violations(cursor: Any) -> list[str]:
-    """Invariant 8: attempt shells running here whose attempt the database has ended."""
+    """Invariant 8: attempt shells running here whose attempt the database has ended (attempts
+    the database does not know belong to another control plane and are left out)."""
     running = attempts_running_here()
     if not running:
         return []
-    live = {
+    # Only attempts this database knows: on a shared machine, other control planes' agents
+    # run attempts of their own.
+    ended = {
         str(row[0])
         for row in _rows(
             cursor,
-            "SELECT id FROM scheduling_jobattempt WHERE active AND id::text = ANY(%s)",
+            "SELECT id FROM scheduling_jobattempt WHERE NOT active AND id::text = ANY(%s)",
             [list(running)],
         )
     }
     return [
-        f"attempt {a} has ended but process {pid} still runs it"
-        for a, pid in running.items()
-        if a not in live
+        f"attempt {a} has ended but process {pid} still runs it" for a, pid in running.items() if a in ended
     ]
 
 
