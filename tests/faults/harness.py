@@ -558,6 +558,8 @@ class Heartbeats(threading.Thread):
     def _send(self, cluster: str, credential: str, nodes: list[str], seq: int) -> None:
         body = self._body(cluster, nodes, seq, self.fleet[cluster]["gpus"])
         headers = {"Authorization": f"Bearer {credential}", "Content-Type": "application/json"}
+        if self.halted.is_set():
+            return  # stopped before this batch of the round went out: nothing was sent
         with self._lock:
             self.sent += len(nodes)
         while not self.halted.is_set():
