@@ -9,7 +9,7 @@ Celery workers and two Celery beats, supervised (a killed process is restarted a
 later), on a PostgreSQL and a Redis started for the run in a temporary directory. The fleet:
 ``--nodes`` simulated nodes of 8 GPUs in ``--clusters`` clusters, each cluster's collector
 posting every node every ``--interval`` seconds through ``agent/report`` on alternating
-gunicorns, sending a refused or unanswered batch again until a newer round replaces it.
+gunicorns, sending a refused or unanswered batch again until it is answered.
 
 1. **Yardstick**, in the same run, before anything is killed: the bare rate of reports the
    topology takes when posted as fast as the sender can, for ``--yardstick`` seconds.
@@ -17,7 +17,8 @@ gunicorns, sending a refused or unanswered batch again until a newer round repla
    turn at even spacing (the second copy of a role only once the first serves again); keyed
    job submissions every second run alongside.
 3. **Checks**: reports lost (sent, less those the server answered as accepted, stale or
-   unknown, less those replaced by a newer report of the same node), the server's own count
+   unknown: a stale one is a retry of a report the server took but whose answer was lost with
+   a killed process), the server's own count
    of accepted reports, every node's last acknowledged report found in the database, node
    flaps, every accepted job present; each process's resident memory (its process group)
    sampled every ``--sample`` seconds: first, peak and last.
@@ -142,7 +143,6 @@ def soak(
             "accepted": heartbeats.accepted,
             "stale": heartbeats.stale,
             "unknown": heartbeats.unknown,
-            "superseded": heartbeats.superseded,
             "lost": heartbeats.lost,
             "retried_requests": heartbeats.failed,
             "server_counted_accepted": server_accepted,

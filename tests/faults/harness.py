@@ -495,7 +495,7 @@ class Submitter:
 class Heartbeats(threading.Thread):
     """Every ``interval_s``, a report for every node of every cluster not ``silent``, in
     1,000-node batches through ``agent/report`` on alternating gunicorns. A batch that gets no
-    200 is sent again (a collector's spool) until it is answered or a newer round replaces it.
+    200 is sent again (a collector's spool) until it is answered; the next round waits for it.
     Counts what it sent and what the server said of it."""
 
     def __init__(
@@ -513,7 +513,7 @@ class Heartbeats(threading.Thread):
         self.boot = after.boot if after else {n: uuid.uuid4().hex for c in fleet.values() for n in c["nodes"]}
         self.seq = after.seq if after else 0
         self.acked: dict[str, int] = dict(after.acked) if after else {}  # node -> last seq answered 200
-        self.sent = self.accepted = self.stale = self.unknown = self.failed = self.superseded = 0
+        self.sent = self.accepted = self.stale = self.unknown = self.failed = 0
         self.answered_at: list[float] = []
         self.answers: list[Answer] = []
         self.rounds = 0
@@ -588,10 +588,6 @@ class Heartbeats(threading.Thread):
                 conn.close()
             with self._lock:
                 self.failed += 1
-            if self.seq != seq:  # a newer round carries these nodes' latest state
-                with self._lock:
-                    self.superseded += len(nodes)
-                return
             self.halted.wait(min(wait, 5.0))
 
     def run(self) -> None:
@@ -608,8 +604,8 @@ class Heartbeats(threading.Thread):
 
     @property
     def lost(self) -> int:
-        """Reports neither answered nor replaced by a newer one of the same node."""
-        return self.sent - self.accepted - self.stale - self.unknown - self.superseded
+        """Reports sent but never answered (the sender stopped while retrying them)."""
+        return self.sent - self.accepted - self.stale - self.unknown
 
     def last_answer_after(self, t: float) -> float | None:
         with self._lock:
