@@ -53,12 +53,13 @@ def topology(servers: Servers, request: pytest.FixtureRequest) -> Iterator[Topol
     servers.redis.flushall()  # no task of an earlier module's beat reaches this one's workers
     name = request.module.__name__.rsplit(".", 1)[-1]
     topo = Topology(servers.pg, servers.redis, servers.root / name, **getattr(request.module, "TOPOLOGY", {}))
+    failed_before = request.session.testsfailed
     try:
         topo.start()
         yield topo
     finally:
         topo.stop()
-        if request.session.testsfailed:
+        if request.session.testsfailed > failed_before:  # this module's tests failed
             for process in topo.processes.values():
                 tail = process.log.read_text(errors="replace")[-3000:] if process.log.exists() else ""
                 print(f"--- {process.name} ---\n{tail}")

@@ -213,24 +213,25 @@ def test_a_silent_cluster_pauses_failover_instead_of_requeueing(healed: Topology
 def test_web_workers_killed_during_a_keyed_burst_yield_one_job_per_key(
     healed: Topology, heartbeats: Heartbeats
 ):
-    """150 keyed submissions from 6 clients while a gunicorn worker is SIGKILLed every 2 s
+    """200 keyed submissions from 6 clients while a gunicorn worker is SIGKILLed every 0.5 s
     (the masters fork new ones): every key yields exactly one job, the one its client was
     given."""
     topology = healed
-    keys = [uuid.uuid4().hex for _ in range(150)]
+    keys = [uuid.uuid4().hex for _ in range(200)]
     given: dict[str, int] = {}
     kills = 0
     done = threading.Event()
 
     def killer() -> None:
         nonlocal kills
-        while not done.wait(2.0):
+        while not done.is_set():
             masters = [topology.processes[name].pid for name in Topology.WEB]
             workers = [pid for master in masters for pid in group_members(master) if pid not in masters]
             if workers:
                 with suppress(ProcessLookupError):
                     os.kill(random.choice(workers), signal.SIGKILL)
                     kills += 1
+            done.wait(0.5)
 
     def submit(key: str) -> None:
         _, body, _ = topology.api.submit(job_spec(topology.project, seconds=1), key, deadline_s=180)
