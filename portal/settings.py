@@ -20,6 +20,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 from portal.deployment import production_problems
 
@@ -255,6 +256,11 @@ _TASK_ROLES = {
 }
 CELERY_TASK_ROUTES = {task: {"queue": f"{ORRERY_CELERY_QUEUE}.{role}"} for task, role in _TASK_ROLES.items()}
 CELERY_TASK_DEFAULT_QUEUE = f"{ORRERY_CELERY_QUEUE}.notifications"  # a task with no route of its own
+# A worker started without -Q serves every role (a small site's two workers); -Q picks roles.
+CELERY_TASK_QUEUES = [
+    Queue(name, Exchange(name), routing_key=name)  # as Celery makes a queue it was not told of
+    for name in (f"{ORRERY_CELERY_QUEUE}.{role}" for role in ORRERY_CELERY_ROLES)
+]
 CELERY_BEAT_SCHEDULE = {
     name: {"task": task, "schedule": every, "options": {"expires": every}}
     for name, (task, every) in _PERIODIC.items()

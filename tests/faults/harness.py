@@ -696,7 +696,7 @@ class Topology:
         for name in self.BEATS:
             argv = [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO"]
             argv += ["--schedule", str(root / f"{name}-schedule")]
-            self._add(name, argv, ready_line="Sending due task")
+            self._add(name, argv, ready_line="beat: Starting")
         self.supervisor = Supervisor(self.processes)
         self.api = Api(self.web_ports, self.seed["token"])
         self._conn: psycopg.Connection | None = None
