@@ -54,3 +54,15 @@ class Consumer(CeleryConsumer):
         self.first_connection_attempt = False
         self.broker_connection_retry_attempt = 0
         return conn
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        """Celery closes the lost connection here, and closing a Redis channel restores its
+        unacknowledged messages — through a client kombu can no longer make once the connection
+        is gone (``AttributeError`` on its ``hostname``, kombu 5.5–5.7), which ended the worker
+        ("Unrecoverable error") whenever Redis went away while a message was between delivery
+        and acknowledgement. That message is a periodic pass or a doorbell (nothing is
+        acknowledged late): beat sends the next one, so it is let go and the worker reconnects."""
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError as failure:
+            log.warning("broker lost with a message not yet acknowledged; let go (%s)", failure)
