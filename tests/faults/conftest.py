@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import PrivatePostgres, PrivateRedis, Topology, private_root
+from tests.faults.harness import Heartbeats, PrivatePostgres, PrivateRedis, Topology, private_root
 
 
 @dataclass
@@ -72,3 +72,12 @@ def healed(servers: Servers, topology: Topology) -> Iterator[Topology]:
     servers.heal()
     topology.supervisor.paused.clear()
     topology.wait_all_up()
+
+
+@pytest.fixture(scope="module")
+def heartbeats(topology: Topology) -> Iterator[Heartbeats]:
+    """Every node of the module's fleet reports every 2 s, for all its scenarios."""
+    beats = Heartbeats(topology.web_ports, topology.seed["clusters"], interval_s=2.0)
+    beats.start()
+    yield beats
+    beats.stop()

@@ -161,9 +161,7 @@ def process_violations(cursor: Any) -> list[str]:
         )
     }
     return [
-        f"attempt {a} has ended but process {pid} still runs it"
-        for a, pid in running.items()
-        if a in ended
+        f"attempt {a} has ended but process {pid} still runs it" for a, pid in running.items() if a in ended
     ]
 
 

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 
-import pytest
-
 from tests.faults.harness import Heartbeats, Submitter, Topology, group_members, job_spec, wait_for
 from tests.faults.invariants import assert_invariants
 
@@ -35,15 +33,6 @@ TOPOLOGY = {"clusters": 2, "nodes": 8, "env": {"ORRERY_NODE_FAILOVER_AFTER": str
 STALL_S = 3  # ORRERY_SCHEDULER_STALL_S in harness.TIMERS
 BOUND_S = 15.0  # a role's failover, with slack for a loaded 2-core machine
 ABORTED_CYCLE = re.compile(r"scheduling_cycle_task\[[^]]+\] raised unexpected")
-
-
-@pytest.fixture(scope="module")
-def heartbeats(topology: Topology) -> Iterator[Heartbeats]:
-    """Every node of the module's fleet reports every 2 s, for all its scenarios."""
-    beats = Heartbeats(topology.web_ports, topology.seed["clusters"], interval_s=2.0)
-    beats.start()
-    yield beats
-    beats.stop()
 
 
 def first_after(probe: Callable[[], float | None], at: float, timeout: float) -> float | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -29,14 +28,6 @@ DOWN_S = 5.0
 BOUND_S = 20.0  # from the server's return; slack for a loaded 2-core machine
 WATCH_S = 20.0  # how long after the fault nodes are watched for flaps (past NODE_GRACE)
 REDIS_DOWN_S = 20.0  # longer than NODE_GRACE: no node could report meanwhile
-
-
-@pytest.fixture(scope="module")
-def heartbeats(topology: Topology) -> Iterator[Heartbeats]:
-    beats = Heartbeats(topology.web_ports, topology.seed["clusters"], interval_s=2.0)
-    beats.start()
-    yield beats
-    beats.stop()
 
 
 def resumed(topology: Topology, heartbeats: Heartbeats, submitter: Submitter, up: float) -> dict:
