@@ -79,7 +79,7 @@ def test_redis_url_switches_on_redis_layers(tmp_path):
         "print(settings.CHANNEL_LAYERS['default']['BACKEND'], settings.CELERY_BROKER_URL)"
     )
     result = run(code, tmp_path, REDIS_URL="redis://127.0.0.1:6379/3")
-    assert result.stdout.split() == ["channels_redis.core.RedisChannelLayer", "redis://127.0.0.1:6379/3"]
+    assert result.stdout.split() == ["foundation.live.RedisChannelLayer", "redis://127.0.0.1:6379/3"]
 
 
 @pytest.mark.parametrize("value", ["maybe", "2"])
