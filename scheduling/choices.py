@@ -36,12 +36,14 @@ SHORT_CODES: dict[str, str] = {
     JobState.PREEMPTED: "PR",
 }
 
-TERMINAL_STATES = frozenset(
-    {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED, JobState.PREEMPTED}
-)
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED})
 WAITING_STATES = frozenset({JobState.PENDING, JobState.HELD})
-# States in which a job holds an active attempt and its allocations.
-ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING})
+# States in which a job holds an active attempt and its allocations. PREEMPTED is one of them:
+# a preempted job keeps its GPUs while it drains (its signal, then its grace period), then it is
+# requeued — PENDING again, same id, a new attempt next time it is placed.
+ACTIVE_STATES = frozenset(
+    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.COMPLETING, JobState.PREEMPTED}
+)
 
 
 class PendingReason(models.TextChoices):
@@ -57,6 +59,23 @@ class PendingReason(models.TextChoices):
     DEPENDENCY = "Dependency", "Waiting for another job"
     REQUEUED = "Requeued", "Requeued; waiting to be placed again"
     NODE_LOST = "NodeLost", "Its node was lost"
+    PREEMPTED = "Preempted", "Preempted by a job with a better claim; requeued"
+
+
+class PreemptWithinQueue(models.TextChoices):
+    """Whether a queue's pending job may preempt running jobs of the same queue."""
+
+    NEVER = "never", "Never"
+    LOWER_PRIORITY = "lower_priority", "Jobs of lower priority"
+
+
+class ReclaimWithinCohort(models.TextChoices):
+    """Whether a queue's pending job may preempt jobs of other queues of its cohort that run on
+    quota it lent them (only while the queue is within its own nominal quota)."""
+
+    NEVER = "never", "Never"
+    LOWER_PRIORITY = "lower_priority", "Borrowing jobs of lower priority"
+    ANY = "any", "Borrowing jobs of any priority up to its own"
 
 
 class AttemptState(models.TextChoices):

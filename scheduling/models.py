@@ -26,6 +26,8 @@ from scheduling.choices import (
     FailoverPolicy,
     JobState,
     PendingReason,
+    PreemptWithinQueue,
+    ReclaimWithinCohort,
 )
 
 
@@ -57,6 +59,30 @@ class Queue(models.Model):
         blank=True,
         help_text="The longest time limit a job may ask for, in seconds; also the limit of jobs that "
         "give none.",
+    )
+    preempt_within_queue = models.CharField(
+        max_length=16,
+        choices=PreemptWithinQueue.choices,
+        default=PreemptWithinQueue.NEVER,
+        help_text="May a pending job preempt running jobs of lower priority in this queue?",
+    )
+    reclaim_within_cohort = models.CharField(
+        max_length=16,
+        choices=ReclaimWithinCohort.choices,
+        default=ReclaimWithinCohort.NEVER,
+        help_text="May a pending job within this queue's nominal quota preempt jobs of other queues "
+        "of the cohort that run on quota this queue lent them?",
+    )
+    preemption_grace_s = models.PositiveIntegerField(
+        default=30,
+        help_text="Seconds a preempted job has between its signal and SIGKILL; also the most a job "
+        "may ask for.",
+    )
+    gpu_model_preference = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="GPU model slugs, best first, that a job asking for any model tries in order "
+        "(empty: the models the queue has quota for, then every other).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -123,6 +149,27 @@ class Job(models.Model):
     cpu_millicores_per_node = models.BigIntegerField(default=0)
     memory_bytes_per_node = models.BigIntegerField(default=0)
     time_limit_s = models.PositiveIntegerField(null=True, blank=True)
+    preemptible = models.BooleanField(default=True, db_default=True, help_text="False: never preempted.")
+    checkpointed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the job last saved its work (less to lose if preempted).",
+    )
+    estimated_start_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the scheduler expects a pending job to start."
+    )
+    estimated_where = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The cluster and nodes it expects the job to start on.",
+    )
+    reserved = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="The estimate is a reservation: jobs behind it may not delay it.",
+    )
     command = models.TextField(blank=True)
     spec = models.JSONField(default=dict, blank=True, help_text="The normalised job spec as accepted.")
     placement = models.JSONField(default=dict, blank=True, help_text="Cluster and label constraints.")
@@ -160,9 +207,12 @@ class Job(models.Model):
                 violation_error_message="A job asks for at least one node and no negative resources.",
             ),
             models.CheckConstraint(
-                condition=Q(gpus_per_node=0) | Q(gpu_model__isnull=False),
-                name="job_gpus_have_model",
-                violation_error_message="A job that asks for GPUs must name their model.",
+                condition=Q(gpus_per_node=0)
+                | Q(gpu_model__isnull=False)
+                | Q(state__in=[JobState.PENDING, JobState.HELD, JobState.CANCELLED, JobState.FAILED]),
+                name="job_placed_gpus_have_model",
+                violation_error_message="A job placed on GPUs records their model (a waiting job may ask "
+                "for any model).",
             ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]
@@ -207,6 +257,12 @@ class JobAttempt(models.Model):
     remote_id = models.CharField(max_length=128, blank=True, help_text="The cluster's own job id.")
     reason = models.CharField(max_length=255, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # A preemption: when the attempt was asked to stop, with which signal and grace period, and
+    # when a polled cluster's job was sent the signal (agents get it with their desired work).
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_signal = models.CharField(max_length=8, blank=True, default="", db_default="")
+    stop_grace_s = models.PositiveIntegerField(null=True, blank=True)
+    signalled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

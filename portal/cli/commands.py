@@ -17,7 +17,7 @@ from portal.cli import config, render
 from portal.cli.client import ApiError, Client
 
 POLL_S = 2.0
-FINAL_STATES = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED"}
+FINAL_STATES = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED"}
 
 
 def _release() -> str:

@@ -9,7 +9,9 @@ phase                 job state it applies to     effect
 queued, held          SCHEDULED, STARTING         the job's reason says why it waits there
 starting              SCHEDULED                   → STARTING
 running               SCHEDULED, STARTING         → RUNNING
-succeeded … preempted any active state            → the same end state, with the exit code
+succeeded … cancelled any active state            → the same end state, with the exit code
+any end, preempted    PREEMPTED (draining)        → PENDING: requeued, reason Preempted
+preempted             any other active state      → PENDING: the cluster preempted it itself
 ====================  ==========================  ====================================
 
 A report about an attempt that is no longer active changes nothing (fencing: the attempt was
@@ -25,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from clusters.adapters.base import Phase, RemoteState
-from scheduling.choices import ACTIVE_STATES, JobState
+from scheduling.choices import ACTIVE_STATES, JobState, PendingReason
 from scheduling.models import Job, JobAttempt
 from scheduling.services.transitions import (
     InvalidTransition,
@@ -56,6 +58,8 @@ def target_state(phase: Phase, current: str, *, head: bool = True) -> str | None
     if phase.ended:
         if phase is Phase.SUCCEEDED and not head:
             return None
+        if current == JobState.PREEMPTED or (phase is Phase.PREEMPTED and current in ACTIVE_STATES):
+            return JobState.PENDING  # drained (or preempted by the cluster itself): requeued
         return JobState(phase.value.upper()) if current in ACTIVE_STATES else None
     sources = _SOURCES.get(phase)
     return JobState(phase.value.upper()) if sources and current in sources else None
@@ -96,7 +100,10 @@ def _apply(states: list[RemoteState]) -> int:
             continue  # fenced: not an active attempt any more
         job_id, job_state, said = current[state.attempt_id]
         to = target_state(state.phase, job_state, head=state.head)
-        if to is not None:
+        if to == JobState.PENDING:  # requeued after a preemption: keep who preempted it
+            why = said if job_state == JobState.PREEMPTED and said else "preempted by its cluster"
+            groups[(job_state, to, state.exit_code, f"{why}; requeued ({state.message})")].append(job_id)
+        elif to is not None:
             groups[(job_state, to, state.exit_code, state.message)].append(job_id)
         elif (
             state.phase in (Phase.QUEUED, Phase.HELD)
@@ -106,15 +113,21 @@ def _apply(states: list[RemoteState]) -> int:
             Job.objects.filter(pk=job_id, state=job_state).update(reason_message=state.message)
     moved = 0
     for (source, to, exit_code, message), job_ids in groups.items():
-        phase = Phase(to.lower())
+        requeue = to == JobState.PENDING
+        ended = requeue or Phase(to.lower()).ended
+        reason = PendingReason.PREEMPTED if requeue else ""
         try:
             if len(job_ids) > 1:
                 moved += len(
-                    transition_jobs(job_ids, to, only_from=source, exit_code=exit_code, message=message)
+                    transition_jobs(
+                        job_ids, to, only_from=source, exit_code=exit_code, message=message, reason=reason
+                    )
                 )
             else:
-                sources = ACTIVE_STATES if phase.ended else _SOURCES[phase]
-                transition_job(job_ids[0], to, only_from=sources, exit_code=exit_code, message=message)
+                sources = ACTIVE_STATES if ended else _SOURCES[Phase(to.lower())]
+                transition_job(
+                    job_ids[0], to, only_from=sources, exit_code=exit_code, message=message, reason=reason
+                )
                 moved += 1
         except (InvalidTransition, TransitionConflict):
             pass  # already there, overtaken (a cancel), or no edge (a completing job preempted)

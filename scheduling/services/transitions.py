@@ -8,8 +8,13 @@
                ▲  │ ▲                    │            │           │            │
                │  │ └──── requeue ───────┴────────────┴───────────┘            │
                │  ▼                                                             ▼
-              HELD ── cancel ─► CANCELLED     SUCCEEDED · FAILED · TIMEOUT · CANCELLED · PREEMPTED
+              HELD ── cancel ─► CANCELLED     SUCCEEDED · FAILED · TIMEOUT · CANCELLED
                                               (terminal: no way out)
+
+    SCHEDULED · STARTING · RUNNING ── preempt ─► PREEMPTED ── drained ─► PENDING (requeued)
+
+PREEMPTED is active: the job keeps its GPUs while it gets its signal and grace period, then
+its attempt ends (state ``preempted``) and the job waits again under the same id.
 
 ``TRANSITIONS`` below is the authority; the picture is a guide. An active state (SCHEDULED …
 COMPLETING) may jump straight to any end state, because a cluster can finish a job between two
@@ -40,6 +45,7 @@ from scheduling.choices import (
     ATTEMPT_STATE_FOR,
     TERMINAL_STATES,
     WAITING_STATES,
+    AttemptState,
     EventKind,
     JobState,
     PendingReason,
@@ -50,20 +56,20 @@ from scheduling.models import Allocation, Job, JobAttempt, JobEvent
 from scheduling.wakeup import request_cycle
 
 S = JobState
-_END = frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED, S.PREEMPTED})
+_END = frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.HELD, S.SCHEDULED, S.CANCELLED, S.FAILED}),
     S.HELD: frozenset({S.PENDING, S.CANCELLED}),
-    S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.HELD}) | _END,
-    S.STARTING: frozenset({S.RUNNING, S.PENDING, S.HELD}) | _END,
-    S.RUNNING: frozenset({S.COMPLETING, S.PENDING, S.HELD}) | _END,
+    S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.HELD, S.PREEMPTED}) | _END,
+    S.STARTING: frozenset({S.RUNNING, S.PENDING, S.HELD, S.PREEMPTED}) | _END,
+    S.RUNNING: frozenset({S.COMPLETING, S.PENDING, S.HELD, S.PREEMPTED}) | _END,
     S.COMPLETING: frozenset({S.SUCCEEDED, S.FAILED, S.TIMEOUT, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.TIMEOUT: frozenset(),
     S.CANCELLED: frozenset(),
-    S.PREEMPTED: frozenset(),
+    S.PREEMPTED: frozenset({S.PENDING, S.HELD, S.FAILED, S.CANCELLED}),
 }
 assert set(TRANSITIONS) == set(JobState.values)
 assert all(not TRANSITIONS[s] for s in TERMINAL_STATES)
@@ -151,9 +157,12 @@ def _job_changes(to: str, now: Any, *, reason: str, message: str, exit_code: int
     """The columns a move to ``to`` sets: state and version, the pending reason (only while
     waiting), start and finish times, the exit code."""
     changes: dict[str, Any] = {"state": to, "version": F("version") + 1}
-    if to in WAITING_STATES:
-        changes["reason"] = reason or (PendingReason.HELD if to == S.HELD else PendingReason.NONE)
-        changes["reason_message"] = message
+    if to in WAITING_STATES or to == S.PREEMPTED:
+        default = {S.HELD: PendingReason.HELD, S.PREEMPTED: PendingReason.PREEMPTED}.get(
+            to, PendingReason.NONE
+        )
+        changes["reason"] = reason or default
+        changes["reason_message"] = message[:512]
     else:
         changes["reason"], changes["reason_message"] = "", ""
     if to == S.RUNNING:
@@ -175,7 +184,7 @@ def _follow_attempt(
     attempt = JobAttempt.objects.filter(job_id=job_id, active=True).first()
     if attempt is None or current not in ACTIVE_STATES:
         return attempt  # just placed: the attempt was created in its first state
-    attempt.state = ATTEMPT_STATE_FOR[to]
+    attempt.state = _attempt_state(current, to)
     fields = ["state"]
     if to == S.RUNNING and attempt.started_at is None:
         attempt.started_at = now
@@ -187,6 +196,13 @@ def _follow_attempt(
         release_allocations(attempt.pk, now)
     attempt.save(update_fields=fields)
     return attempt
+
+
+def _attempt_state(current: str, to: str) -> str:
+    """The attempt's state for a job move: a drained preemption ends it as ``preempted``."""
+    if current == S.PREEMPTED and to not in ACTIVE_STATES:
+        return AttemptState.PREEMPTED if to in WAITING_STATES else ATTEMPT_STATE_FOR[to]
+    return ATTEMPT_STATE_FOR[to]
 
 
 def release_allocations(attempt_id: Any, now: Any) -> list[int]:
@@ -235,7 +251,7 @@ def transition_jobs(
         Job.objects.filter(pk__in=moved, state=only_from).update(**changes)
 
         attempts = dict(JobAttempt.objects.filter(job_id__in=moved, active=True).values_list("job_id", "pk"))
-        attempt_changes: dict[str, Any] = {"state": ATTEMPT_STATE_FOR[to]}
+        attempt_changes: dict[str, Any] = {"state": _attempt_state(only_from, to)}
         if to == S.RUNNING:
             attempt_changes["started_at"] = now
         if to not in ACTIVE_STATES:

@@ -149,7 +149,10 @@ def test_works_say_where_and_what(alice, queue, fleet):
         (Phase.FAILED, JobState.RUNNING, False, JobState.FAILED),  # any failure decides at once
         (Phase.TIMEOUT, JobState.SCHEDULED, True, JobState.TIMEOUT),
         (Phase.CANCELLED, JobState.COMPLETING, True, JobState.CANCELLED),
-        (Phase.PREEMPTED, JobState.RUNNING, True, JobState.PREEMPTED),
+        (Phase.PREEMPTED, JobState.RUNNING, True, JobState.PENDING),  # the cluster preempted it: requeued
+        (Phase.SUCCEEDED, JobState.PREEMPTED, True, JobState.PENDING),  # drained: requeued
+        (Phase.CANCELLED, JobState.PREEMPTED, True, JobState.PENDING),
+        (Phase.RUNNING, JobState.PREEMPTED, True, None),
         (Phase.SUCCEEDED, JobState.CANCELLED, True, None),  # terminal: no way out
         (Phase.RUNNING, JobState.PENDING, True, None),
     ],

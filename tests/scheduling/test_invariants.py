@@ -150,15 +150,20 @@ def test_quota_cannot_go_negative(db_alias, changes):
         {"gpus_per_node": -1},
         {"cpu_millicores_per_node": -1},
         {"memory_bytes_per_node": -1},
-        {"gpu_model": None},
+        {"gpu_model": None, "state": "RUNNING"},
         {"state": "LOST"},
     ],
-    ids=["nodes", "gpus", "cpu", "memory", "gpus-without-model", "unknown-state"],
+    ids=["nodes", "gpus", "cpu", "memory", "placed-gpus-without-model", "unknown-state"],
 )
 def test_job_requests_are_checked(db_alias, changes):
     _, _, _, job = _world(db_alias)
     with refused(db_alias), transaction.atomic(using=db_alias):
         Job.objects.using(db_alias).filter(pk=job.pk).update(**changes)
+
+
+def test_a_waiting_job_may_ask_for_any_gpu_model(db_alias):
+    _, _, _, job = _world(db_alias)
+    assert Job.objects.using(db_alias).filter(pk=job.pk).update(gpu_model=None) == 1
 
 
 def test_gpu_index_is_unique_per_node(db_alias):
