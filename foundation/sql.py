@@ -22,8 +22,9 @@ def is_postgresql() -> bool:
 
 def pg_array(values: Iterable[Any]) -> str:
     """A PostgreSQL array literal of numbers, passed as one text parameter and cast in SQL
-    (``%s::bigint[]``): far cheaper than adapting tens of thousands of values one by one."""
-    return "{" + ",".join(map(str, values)) + "}"
+    (``%s::bigint[]``): far cheaper than adapting tens of thousands of values one by one. None
+    is SQL's NULL."""
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
 
 
 def pg_text_array(values: Iterable[str]) -> str:

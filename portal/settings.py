@@ -458,6 +458,8 @@ ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
+# Predicted start times written per cycle at most (only those that moved are written).
+ORRERY_SCHEDULER_ESTIMATE_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_ESTIMATE_BUDGET", 500))
 # A cycle's stall bound (scheduling/engine/cycle/lock.py): each statement, lock wait and idle
 # pause of a cycle is cut at this many seconds, and a holder of the scheduling lock whose
 # transaction has run longer is terminated and replaced by the next cycle attempted elsewhere.

@@ -30,3 +30,16 @@ LAST_CYCLE_AGE = Gauge(
     "Seconds since the last committed cycle of any scheduler (SchedulerState.last_cycle_at), "
     "as of this process's last cycle attempt.",
 )
+PREEMPTIONS = Counter(
+    "orrery_scheduler_preemptions_total",
+    "Jobs preempted, by reason: within_queue (for a higher-priority job of the same queue), "
+    "reclaim (for a queue taking back GPU quota it lent its cohort).",
+    ["reason"],
+)
+BACKFILLED = Counter(
+    "orrery_scheduler_backfilled_total",
+    "Jobs started on nodes that hold a reservation for a job ahead of them (they end before it).",
+)
+RESERVATIONS = Gauge(
+    "orrery_scheduler_reservations", "Blocked jobs holding a reservation after the last cycle."
+)

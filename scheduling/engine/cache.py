@@ -30,14 +30,39 @@ from django.db.models import Max, QuerySet
 from clusters.choices import ClusterState, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from scheduling.choices import JobState
-from scheduling.engine.framework import JobView, Shape, Status
+from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView, Shape, Status
 from scheduling.engine.queue import PendingQueue
 from scheduling.engine.snapshot import QuotaBook, Snapshot
-from scheduling.models import Allocation, Job, JobEvent, Queue, QueueQuota
+from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
 HeldRow = tuple[int, int | None, int, int]  # an active allocation: node id, GPU id or None, cpu, memory
+RATIO_ALPHA = 0.05  # how fast a queue's learned run-time/time-limit ratio follows new ends
+
+
+@dataclass
+class Run:
+    """What the scheduler knows of a job holding resources, for backfill's timeline (when its
+    GPUs come free) and for preemption (what preempting it would cost, whether it may be)."""
+
+    queue: int
+    model: int
+    priority: int
+    start: float  # epoch seconds it started (or was placed, until it starts)
+    limit: float  # its time limit in seconds (NEVER: none)
+    preemptible: bool = True
+    checkpoint: float = 0.0  # epoch seconds of its last checkpoint (0: none)
+    draining_until: float | None = None  # preempted: when its grace period ends
+    rows: tuple[tuple[int, int], ...] = ()  # (snapshot row, GPUs held there)
+
+    @property
+    def gpus(self) -> int:
+        return sum(g for _, g in self.rows)
+
+    def lost_work(self, now: float) -> float:
+        """GPU-seconds run since its last checkpoint (or its start): what preempting it loses."""
+        return self.gpus * max(now - max(self.start, self.checkpoint), 0.0)
 
 
 @dataclass
@@ -66,12 +91,21 @@ class SchedulerCache:
         self.built_at = 0.0
         # class shape → ((reason, message), when finished, jobs, jobs told so far)
         self.explained: dict[Shape, tuple[tuple[str, str], float, int, int]] = {}
-        # class shape → (snapshot, its version, Status): a verdict holds while the snapshot does
-        self.verdicts: dict[Shape, tuple[Snapshot, int, Status]] = {}
+        # class shape → (snapshot, its version, Status, effects): a verdict holds while the
+        # snapshot, the reservations ahead of it and the running jobs do (decide.py)
+        self.verdicts: dict[Shape, tuple[Snapshot, tuple[int, int, int], Status, list[Any]]] = {}
         self.seen_events: set[int] = set()  # event ids already applied, within the re-read window
         self.seen_node_events: set[int] = set()
         self.usable_clusters: set[int] = set()
         self.placed_by_us: set[uuid.UUID] = set()  # attempts this process placed, until their events are read
+        self.runs: dict[int, Run] = {}  # job id → what it holds and until when (jobs holding GPUs)
+        self.runs_version = 0  # bumped by every change of ``runs`` (backfill's timeline follows it)
+        self.ratios: dict[int, float] = {}  # queue id → learned run time / time limit of its jobs
+        # Kept between cycles by backfill and preemption (scheduling/engine/cycle/backfill.py):
+        self.nominated: dict[int, Any] = {}  # preemptor job id → the GPUs its victims free
+        self.claims: dict[int, tuple[int, int, int]] = {}  # lender job id → (queue, model, GPUs)
+        self.estimated: dict[int, tuple[float, str, bool]] = {}  # job id → estimate written
+        self.carry: dict[Any, Any] = {}  # plugins' data kept between cycles (backfill's timelines)
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:
@@ -162,10 +196,13 @@ class SchedulerCache:
             names=[name for *_, name in nodes],
         )
         snap.quota = self._quota_book(model_index)
-        snap.queue_names = {
-            pk: f"{project}/{name}"
-            for pk, name, project in Queue.objects.values_list("pk", "name", "project__name")
-        }
+        snap.queue_names = {}
+        by_slug = {slug: i for i, slug in enumerate(snap.model_names)}
+        for pk, name, project, preference in Queue.objects.values_list(
+            "pk", "name", "project__name", "gpu_model_preference"
+        ):
+            snap.queue_names[pk] = f"{project}/{name}"
+            snap.queue_models[pk] = _model_order(preference or [], by_slug, pk, snap.quota)
         self.snap, self.held, self.job_queue = snap, {}, {}
         # What active allocations hold.
         held = defaultdict(list)
@@ -183,6 +220,8 @@ class SchedulerCache:
         for job_id, rows in held.items():
             queue_id, model_id = job_info.get(job_id, (0, None))
             self._count(job_id, rows, row_of, gpu_index, queue_id, model_index.get(model_id, -1))
+        self.runs = {}
+        self._load_runs(set(held))
         self.queue = PendingQueue()
         self.queue.load(self._views(Job.objects.filter(state=JobState.PENDING)))
         self.built_at = time.monotonic()
@@ -236,11 +275,77 @@ class SchedulerCache:
         if gpus and model >= 0:
             snap.quota.add(queue_id, model, gpus)
 
+    def _load_runs(self, job_ids: set[int]) -> None:
+        """(Re)read what backfill and preemption need of jobs holding resources."""
+        if not job_ids:
+            return
+        preempting = {
+            job_id: (asked.timestamp() + (grace or 0))
+            for job_id, asked, grace in JobAttempt.objects.filter(
+                job_id__in=job_ids, active=True, stop_requested_at__isnull=False
+            ).values_list("job_id", "stop_requested_at", "stop_grace_s")
+        }
+        placed = dict(
+            JobAttempt.objects.filter(job_id__in=job_ids, active=True).values_list("job_id", "created_at")
+        )
+        for (
+            pk,
+            queue_id,
+            _model_id,
+            priority,
+            limit,
+            preemptible,
+            checkpoint,
+            started,
+            state,
+        ) in Job.objects.filter(pk__in=job_ids).values_list(
+            "pk",
+            "queue_id",
+            "gpu_model_id",
+            "priority",
+            "time_limit_s",
+            "preemptible",
+            "checkpointed_at",
+            "started_at",
+            "state",
+        ):
+            counted = self.held.get(pk)
+            if counted is None:
+                self.runs.pop(pk, None)
+                continue
+            at = placed.get(pk) or started
+            if started is not None and at is not None and started > at:
+                at = started
+            self.runs[pk] = Run(
+                queue=queue_id,
+                model=self.job_queue.get(pk, (0, -1))[1],
+                priority=priority,
+                start=at.timestamp() if at else time.time(),
+                limit=float(limit) if limit else NEVER,
+                preemptible=preemptible,
+                checkpoint=checkpoint.timestamp() if checkpoint else 0.0,
+                draining_until=preempting.get(pk) if state == JobState.PREEMPTED else None,
+                rows=_rows_of(counted),
+            )
+        self.runs_version += 1
+
+    def note_end(self, job_id: int, at: float) -> None:
+        """A job ended on its own (succeeded, failed, timed out): learn from its run time how much
+        of their time limit its queue's jobs use, for predicted start times."""
+        run = self.runs.get(job_id)
+        if run is None or run.limit == NEVER or run.limit <= 0:
+            return
+        used = min(max((at - run.start) / run.limit, 0.0), 1.0)
+        old = self.ratios.get(run.queue)
+        self.ratios[run.queue] = used if old is None else old + RATIO_ALPHA * (used - old)
+
     def _release(self, job_id: int) -> None:
         snap = self.snap
         assert snap is not None
         counted = self.held.pop(job_id, [])
         queue_id, model = self.job_queue.pop(job_id, (0, -1))
+        if self.runs.pop(job_id, None) is not None:
+            self.runs_version += 1
         gpus = 0
         for h in counted:
             if h.gpu >= 0:
@@ -358,6 +463,9 @@ class SchedulerCache:
             job_id__in=job_ids, active=True
         ).values_list("job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"):
             active[job_id].append((node_id, gpu_id, cpu, memory))
+        for job_id, job in jobs.items():
+            if job.state in _ENDED_ON_ITS_OWN and job.finished_at is not None:
+                self.note_end(job_id, job.finished_at.timestamp())
         for job_id in job_ids:
             counted = self.held.get(job_id)
             # Which rows, not how many: a job requeued and placed again by another process holds
@@ -380,9 +488,14 @@ class SchedulerCache:
                 self.queue.upsert(self._view(job))
             else:
                 self.queue.remove(job_id)
+        self._load_runs({j for j in job_ids if j in self.held})
 
     def assume(
-        self, job: JobView, rows_and_indices: Iterable[tuple[int, tuple[int, ...]]], queue_id: int
+        self,
+        job: JobView,
+        rows_and_indices: Iterable[tuple[int, tuple[int, ...]]],
+        queue_id: int,
+        now: float | None = None,
     ) -> None:
         """Count a decision of this cycle before it is committed (Kubernetes' AssumePod)."""
         snap = self.snap
@@ -397,6 +510,18 @@ class SchedulerCache:
         self.job_queue[job.id] = (queue_id, job.model)
         if job.total_gpus and job.model >= 0:
             snap.quota.add(queue_id, job.model, job.total_gpus)
+        self.runs[job.id] = Run(
+            queue=queue_id,
+            model=job.model,
+            priority=job.priority,
+            start=time.time() if now is None else now,
+            limit=job.time_limit,
+            preemptible=job.preemptible,
+            rows=_rows_of(counted),
+        )
+        self.runs_version += 1
+        self.nominated.pop(job.id, None)
+        self.claims.pop(job.id, None)
         self.queue.remove(job.id)
 
     def forget_lost(self, job: JobView) -> None:
@@ -433,6 +558,8 @@ class SchedulerCache:
             placement,
             attempts,
             version,
+            time_limit,
+            preemptible,
         ) = row
         placement = placement or {}
         clusters = (
@@ -448,6 +575,16 @@ class SchedulerCache:
         )
         if placement.get("clusters") and not clusters:
             clusters = (-1,)  # asked for clusters that do not exist (any more): fits nowhere
+        model, models = (snap.model_index.get(model_id, NO_GPU) if model_id else NO_GPU), ()
+        wanted = placement.get("gpuModels")
+        if gpus and isinstance(wanted, list):  # any model: in the spec's order, else the queue's
+            by_slug = {slug: i for i, slug in enumerate(snap.model_names)}
+            models = (
+                tuple(by_slug[m] for m in wanted if m in by_slug)
+                if wanted
+                else snap.queue_models.get(queue_id) or tuple(range(len(snap.model_names)))
+            )
+            model = ANY_MODEL if models else NO_GPU
         return JobView(
             id=pk,
             queue_id=queue_id,
@@ -456,7 +593,10 @@ class SchedulerCache:
             submitted_at=submitted.timestamp(),
             nodes=nodes,
             gpus=gpus,
-            model=snap.model_index.get(model_id, -1) if model_id else -1,
+            model=model,
+            models=models,
+            time_limit=float(time_limit) if time_limit else NEVER,
+            preemptible=preemptible,
             cpu=cpu,
             memory=memory,
             clusters=clusters,
@@ -464,6 +604,17 @@ class SchedulerCache:
             attempts=attempts,
             version=version,
         )
+
+
+def _rows_of(counted: list[Held]) -> tuple[tuple[int, int], ...]:
+    """(row, GPUs held there) of one job, for backfill's timeline."""
+    gpus: dict[int, int] = {}
+    for h in counted:
+        gpus[h.row] = gpus.get(h.row, 0) + (1 if h.gpu >= 0 and h.counted else 0)
+    return tuple(gpus.items())
+
+
+_ENDED_ON_ITS_OWN = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT})
 
 
 def _holding(counted: list[Held]) -> set[tuple[int, int | None]]:
@@ -484,7 +635,22 @@ _VIEW_FIELDS = (
     "placement",
     "attempt_count",
     "version",
+    "time_limit_s",
+    "preemptible",
 )
+
+
+def _model_order(
+    preference: list[str], by_slug: dict[str, int], queue_id: int, quota: QuotaBook
+) -> tuple[int, ...]:
+    """The models an any-model job of a queue tries, best first: the queue's preference, then
+    the models it has quota for, then every other (a queue with quota rows takes only those)."""
+    order = [by_slug[m] for m in preference if m in by_slug]
+    with_quota = sorted(m for q, m in quota.nominal if q == queue_id)
+    order += [m for m in with_quota if m not in order]
+    if queue_id not in quota.limited:
+        order += [m for m in range(len(by_slug)) if m not in order]
+    return tuple(order)
 
 
 def _cluster_pks(names: list[str], snap: Snapshot) -> list[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -45,8 +45,14 @@ OK = Status()
 
 
 # What makes jobs interchangeable to every filter (``JobView.shape``): queue, nodes, GPUs per
-# node, model, cpu, memory, allowed clusters, node selector. Jobs of one shape form one class.
-Shape = tuple[int, int, int, int, int, int, tuple[int, ...], tuple[tuple[str, str], ...]]
+# node, model, cpu, memory, allowed clusters, node selector, time limit (backfill compares it
+# with reservations), the models an any-model job accepts. Jobs of one shape form one class.
+Shape = tuple[
+    int, int, int, int, int, int, tuple[int, ...], tuple[tuple[str, str], ...], float, tuple[int, ...]
+]
+NO_GPU = -1  # JobView.model of a job that asks for no GPU
+ANY_MODEL = -2  # JobView.model of a job that takes any of ``models``, in that order
+NEVER = float("inf")  # the end of a job without a time limit
 
 
 @dataclass(frozen=True)
@@ -60,17 +66,24 @@ class JobView:
     submitted_at: float
     nodes: int
     gpus: int  # per node
-    model: int  # snapshot model index, -1 for no GPU
+    model: int  # snapshot model index; NO_GPU, or ANY_MODEL (then ``models`` says which, in order)
     cpu: int  # millicores per node
     memory: int  # bytes per node
     clusters: tuple[int, ...] = ()  # snapshot cluster indices allowed; empty = any
     selector: tuple[tuple[str, str], ...] = ()
     attempts: int = 0
     version: int = 0
+    time_limit: float = NEVER  # seconds
+    preemptible: bool = True
+    models: tuple[int, ...] = ()  # an any-model job's acceptable models, best first
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus
+
+    def as_model(self, model: int) -> JobView:
+        """This job asking for ``model`` exactly: how an any-model job is tried, one model at a time."""
+        return replace(self, model=model, models=())
 
     def shape(self) -> Shape:
         """Jobs with equal shapes are interchangeable to every filter: one equivalence class."""
@@ -83,6 +96,8 @@ class JobView:
             self.memory,
             self.clusters,
             self.selector,
+            self.time_limit,
+            self.models,
         )
 
 
@@ -129,6 +144,10 @@ class PreFilterPlugin(Plugin, Protocol):
 
 @runtime_checkable
 class FilterPlugin(Plugin, Protocol):
+    """A filter whose verdict depends on what is free now (not only on what a node is) sets the
+    class attribute ``capacity = True``: backfill leaves such filters out when it asks where a
+    job could run once capacity frees up."""
+
     def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
         """A boolean mask over ``rows``: True where the node may take the job."""
 
@@ -152,4 +171,6 @@ class ReservePlugin(Plugin, Protocol):
 @runtime_checkable
 class PostFilterPlugin(Plugin, Protocol):
     def post_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
-        """Called when nothing fits (preemption lives here)."""
+        """Called when the job cannot be placed now (its quota or no node fits): preemption and
+        backfill's reservations live here. OK with no message: nothing to add; a status with a
+        message: words appended to the job's pending reason ("would start ≈ 14:20 on sim-b")."""

@@ -2,7 +2,8 @@
 
     ORRERY_SCHEDULER_PROFILE = {
         "plugins": ["priority", "fair_share", "quota", "gang", "node_state", "gpu_model",
-                    "cluster_affinity", "selectors", "resources_fit", "binpack"],
+                    "cluster_affinity", "selectors", "resources_fit", "preemption", "backfill",
+                    "binpack"],
         "weights": {"binpack": 1.0},
         "args": {},
     }
@@ -41,6 +42,8 @@ DEFAULT_PROFILE: dict[str, Any] = {
         "cluster_affinity",
         "selectors",
         "resources_fit",
+        "preemption",
+        "backfill",
         "binpack",
     ],
     "weights": {"binpack": 1.0},

@@ -8,6 +8,7 @@ their key so that their classes do not read as the model or choice of the same n
 
 from __future__ import annotations
 
+from scheduling.engine.plugins.backfill import Backfill
 from scheduling.engine.plugins.binpack import Binpack
 from scheduling.engine.plugins.cluster_affinity import ClusterAffinity
 from scheduling.engine.plugins.fair_share import FairShare
@@ -15,6 +16,7 @@ from scheduling.engine.plugins.gang import Gang
 from scheduling.engine.plugins.gpu_model_match import GpuModelMatch
 from scheduling.engine.plugins.node_ready import NodeReady
 from scheduling.engine.plugins.node_selector import NodeSelector
+from scheduling.engine.plugins.preemption import Preemption
 from scheduling.engine.plugins.priority import Priority
 from scheduling.engine.plugins.quota import Quota
 from scheduling.engine.plugins.resources_fit import ResourcesFit
@@ -32,5 +34,7 @@ REGISTRY: dict[str, type] = {
     "fair_share": FairShare,
     "binpack": Binpack,
     "spread": Spread,
+    "backfill": Backfill,
+    "preemption": Preemption,
 }
 assert all(cls.name == key for key, cls in REGISTRY.items())

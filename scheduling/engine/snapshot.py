@@ -77,6 +77,7 @@ class Snapshot:
     names: list[str] = field(default_factory=list)
     quota: QuotaBook = field(default_factory=QuotaBook)
     queue_names: dict[int, str] = field(default_factory=dict)
+    queue_models: dict[int, tuple[int, ...]] = field(default_factory=dict)  # any-model order per queue
     changed: list[int] = field(default_factory=list)
     _label_masks: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 

@@ -150,9 +150,9 @@ def test_a_job_cancelled_during_the_cycle_loses_its_placement(alice, queue, flee
     job = make_job(alice, queue, gpus=2)
     real_claim = commit_phase._claim
 
-    def cancel_first(jobs):
+    def cancel_first(jobs, models):
         Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
-        return real_claim(jobs)
+        return real_claim(jobs, models)
 
     monkeypatch.setattr(commit_phase, "_claim", cancel_first)
     report = run_cycle(SchedulerCache())

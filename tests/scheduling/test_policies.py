@@ -36,8 +36,13 @@ def test_default_profile_sorts_plugins_into_extension_points():
         "cluster_affinity",
         "selectors",
         "resources_fit",
+        "backfill",
     ]
     assert [(p.name, w) for p, w in profile.score] == [("binpack", 1.0)]
+    assert [p.name for p in profile.reserve] == ["quota", "fair_share", "backfill"] or [
+        p.name for p in profile.reserve
+    ] == ["fair_share", "quota", "backfill"]
+    assert [p.name for p in profile.post_filter] == ["quota", "preemption", "backfill"]
 
 
 def test_a_registered_plugin_takes_part_with_its_weight_and_arguments():

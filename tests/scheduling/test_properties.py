@@ -83,7 +83,7 @@ def test_decisions_keep_every_invariant(nodes, jobs, quota, limit):
     before_cpu = snap.cpu_free.copy()
     queues = {1: (0, 1.0, 1), 2: (0, 1.0, 2), 3: (5, 2.0, 3)}
 
-    placements, _ = decide(PROFILE, cache, snap, 1, 10_000, queues=queues)
+    placements, _ = decide(PROFILE, cache, snap, 1, 10_000, queues=queues, policies={})
 
     taken: Counter[tuple[int, int]] = Counter()
     cpu_used: Counter[int] = Counter()

@@ -17,8 +17,12 @@
    SCHEDULED (a job cancelled meanwhile loses its placement), then bulk-insert attempts,
    allocations, events and outbox rows (``COPY`` on PostgreSQL). A crash before commit leaves
    no trace.
+   Post-filters act on jobs that cannot be placed now: preemption chooses victims, backfill
+   gives the first blocked jobs reservations and predicted starts.
+4. **Commit** also preempts the victims chosen (``preempt_jobs``: each moves to PREEMPTED and
+   gets its signal and grace period; the preemptor is held their GPUs by a reservation).
 5. **Explain** (``explain``). Pending reasons, written only when they change (and at most every
-   10 s per class).
+   10 s per class), and predicted start times, written only when they move.
 
 ``run_cycle`` runs the phases in order and reports what they did (``CycleReport``). A cycle the
 database rolls back (a lost race, a timeout, a terminated connection) is logged, counted and
@@ -52,7 +56,16 @@ from scheduling.engine.cache import SchedulerCache, scheduler_cache
 from scheduling.engine.cycle import commit, decide, explain, lock
 from scheduling.engine.framework import JobView, Placement
 from scheduling.engine.policies import active_profile
-from scheduling.metrics import ATTEMPTS, CYCLE_SECONDS, CYCLES_ABORTED, GPUS, LAST_CYCLE_AGE, PENDING_JOBS
+from scheduling.metrics import (
+    ATTEMPTS,
+    BACKFILLED,
+    CYCLE_SECONDS,
+    CYCLES_ABORTED,
+    GPUS,
+    LAST_CYCLE_AGE,
+    PENDING_JOBS,
+    RESERVATIONS,
+)
 from scheduling.models import SchedulerState
 
 __all__ = ["RECENT_CYCLES_KEY", "CycleReport", "run_cycle"]
@@ -75,6 +88,9 @@ class CycleReport:
     lost_races: int = 0
     unschedulable_classes: int = 0
     pending: int = 0
+    preempted: int = 0
+    reserved: int = 0
+    backfilled: int = 0
     aborted: str = ""  # why the database rolled the cycle back (conflict, timeout, connection)
     phases_ms: dict[str, float] = field(default_factory=dict)
 
@@ -132,6 +148,8 @@ def run_cycle(cache: SchedulerCache | None = None, *, limit: int | None = None) 
     report.unschedulable_classes = len(blocked)
     report.pending = len(cache.queue)
     CYCLE_SECONDS.observe(time.perf_counter() - started)
+    BACKFILLED.inc(report.backfilled)
+    RESERVATIONS.set(report.reserved)
     ATTEMPTS.labels("scheduled").inc(report.placed)
     ATTEMPTS.labels("lost_race").inc(report.lost_races)
     ATTEMPTS.labels("unschedulable").inc(sum(len(b.cls) for b in blocked))
@@ -151,21 +169,27 @@ def _phases(cache: SchedulerCache, report: CycleReport, phase: _Phases, limit: i
         report.epoch = lock.next_epoch()
     with phase("2_sync"):
         snap = cache.ensure()
+    now = time.time()
     with phase("3_decide"):
-        decisions, blocked = decide.decide(
+        decided = decide.decide(
             active_profile(),
             cache,
             snap,
             report.epoch,
             limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
+            now=now,
         )
+        blocked = decided.blocked
     with phase("4_commit"):
-        placed, lost, attempt_ids = commit.commit(decisions, snap, report.epoch)
+        placed, lost, attempt_ids = commit.commit(decided.placements, snap, report.epoch)
         cache.placed_by_us.update(attempt_ids)
         for job in lost:
             cache.forget_lost(job)
+        report.preempted = commit.preempt(decided.preemptions)
+        report.reserved, report.backfilled = decided.reserved, decided.backfilled
     with phase("5_explain"):
         explain.explain(cache, blocked)
+        explain.estimates(cache, decided.estimates, now)
     return placed, lost, blocked
 
 
@@ -216,7 +240,7 @@ def _last_cycle_age() -> None:
 def _remember(report: CycleReport) -> None:
     """Keep a short history of cycles that placed work, for operators (best effort). A cycle
     that places nothing costs nothing here: with jobs waiting, that is every idle second."""
-    if not report.ran or not (report.placed or report.lost_races):
+    if not report.ran or not (report.placed or report.lost_races or report.preempted):
         return
     entry = {
         "at": time.time(),
@@ -226,6 +250,9 @@ def _remember(report: CycleReport) -> None:
         "lost": report.lost_races,
         "blocked": report.unschedulable_classes,
         "pending": report.pending,
+        "reserved": report.reserved,
+        "preempted": report.preempted,
+        "backfilled": report.backfilled,
         "phases": report.phases_ms,
     }
     try:

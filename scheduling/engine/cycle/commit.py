@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -21,7 +22,9 @@ from scheduling.dispatch.desired import forget_desired
 from scheduling.engine.framework import JobView, Placement
 from scheduling.engine.snapshot import Snapshot
 from scheduling.events import JobsScheduled
+from scheduling.metrics import PREEMPTIONS
 from scheduling.models import DispatchOutbox
+from scheduling.services.preemption import Victim, preempt_jobs
 from scheduling.wakeup import ring_dispatch
 
 
@@ -32,7 +35,10 @@ def commit(
     the new attempts' ids)."""
     if not decisions:
         return [], [], []
-    won = _claim([d.job for d in decisions])
+    won = _claim(
+        [d.job for d in decisions],
+        [snap.model_ids[d.job.model] if d.job.model >= 0 else None for d in decisions],
+    )
     placed = [d for d in decisions if d.job.id in won]
     lost = [d.job for d in decisions if d.job.id not in won]
     if not placed:
@@ -119,29 +125,44 @@ def commit(
     return placed, lost, [uuid.UUID(row[0]) for row in attempts]
 
 
-def _claim(jobs: list[JobView]) -> set[int]:
-    """Compare-and-set PENDING → SCHEDULED for all placed jobs at once; returns the winners."""
+def _claim(jobs: list[JobView], models: list[int | None]) -> set[int]:
+    """Compare-and-set PENDING → SCHEDULED for all placed jobs at once, recording the GPU model
+    each was placed on (an any-model job's choice); returns the winners."""
     ids = [j.id for j in jobs]
     with connection.cursor() as cursor:
         if is_postgresql():
             cursor.execute(
                 """
                 UPDATE scheduling_job j SET state = %s, version = j.version + 1, attempt_count = j.attempt_count + 1,
-                    reason = '', reason_message = ''
-                FROM unnest(%s::bigint[]) AS v(id)
+                    reason = '', reason_message = '', estimated_start_at = NULL, estimated_where = '',
+                    reserved = false, gpu_model_id = COALESCE(v.model, j.gpu_model_id)
+                FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, model)
                 WHERE j.id = v.id AND j.state = %s
                 RETURNING j.id
                 """,
-                [JobState.SCHEDULED, pg_array(ids), JobState.PENDING],
+                [JobState.SCHEDULED, pg_array(ids), pg_array(models), JobState.PENDING],
             )
             return {row[0] for row in cursor.fetchall()}
         won = set()
-        for job_id in ids:
+        for job_id, model in zip(ids, models, strict=True):
             cursor.execute(
                 "UPDATE scheduling_job SET state = %s, version = version + 1, attempt_count = attempt_count + 1, "
-                "reason = '', reason_message = '' WHERE id = %s AND state = %s",
-                [JobState.SCHEDULED, job_id, JobState.PENDING],
+                "reason = '', reason_message = '', estimated_start_at = NULL, estimated_where = '', "
+                "reserved = %s, gpu_model_id = COALESCE(%s, gpu_model_id) WHERE id = %s AND state = %s",
+                [JobState.SCHEDULED, False, model, job_id, JobState.PENDING],
             )
             if cursor.rowcount == 1:
                 won.add(job_id)
         return won
+
+
+def preempt(decisions: list[Any]) -> int:
+    """Preempt the victims the cycle chose, in its transaction; returns how many moved. Each
+    decision is counted by its reason once its victims have moved."""
+    moved = 0
+    for decision in decisions:
+        done = preempt_jobs([Victim(v, decision.message) for v in decision.victims])
+        if done:
+            PREEMPTIONS.labels(decision.reason).inc(len(done))
+        moved += len(done)
+    return moved

@@ -10,7 +10,9 @@ cycle), with a sentence built from the filter masks saying why.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy as np
 from scheduling.choices import PendingReason
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.framework import (
+    ANY_MODEL,
     Code,
     CycleState,
     JobView,
@@ -27,6 +30,7 @@ from scheduling.engine.framework import (
     Shape,
     Status,
 )
+from scheduling.engine.plugins.backfill import TIMELINES
 from scheduling.engine.policies import Profile
 from scheduling.engine.queue import JobClass
 from scheduling.engine.snapshot import Snapshot
@@ -41,6 +45,28 @@ class Blocked:
     status: Status
 
 
+@dataclass
+class Decided:
+    """What phase 3 decided: placements, blocked classes, and what post-filters did — victims
+    to preempt, predicted starts (job id → (epoch seconds, where, reserved)), how many jobs hold
+    a reservation and how many were backfilled around one. Unpacks as (placements, blocked)."""
+
+    placements: list[Placement]
+    blocked: list[Blocked]
+    preemptions: list[Any] = field(default_factory=list)
+    estimates: dict[int, tuple[float, str, bool]] = field(default_factory=dict)
+    reserved: int = 0
+    backfilled: int = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.placements
+        yield self.blocked
+
+
+# Queue id → (preempt within queue, reclaim within cohort, preemption grace seconds).
+Policies = dict[int, tuple[str, str, int]]
+
+
 def decide(
     profile: Profile,
     cache: SchedulerCache,
@@ -48,9 +74,14 @@ def decide(
     epoch: int,
     limit: int,
     queues: dict[int, tuple[int, float, int]] | None = None,
-) -> tuple[list[Placement], list[Blocked]]:
+    *,
+    now: float | None = None,
+    policies: Policies | None = None,
+) -> Decided:
     """Decide placements in memory (no writes): ``queues`` maps queue id → (priority,
-    fair-share weight, project id) and is read from the database when not given."""
+    fair-share weight, project id) and ``policies`` queue id → its preemption rules; both are
+    read from the database when not given. ``now`` (epoch seconds) is the cycle's time: the
+    replayer runs cycles in virtual time."""
     state = CycleState(epoch=epoch)
     if queues is None:
         queues = {
@@ -59,12 +90,20 @@ def decide(
                 "pk", "priority", "fair_share_weight", "project_id"
             )
         }
+    if policies is None:
+        policies = {
+            pk: (within, reclaim, grace)
+            for pk, within, reclaim, grace in Queue.objects.values_list(
+                "pk", "preempt_within_queue", "reclaim_within_cohort", "preemption_grace_s"
+            )
+        }
     state.data["queue_priority"] = {q: v[0] for q, v in queues.items()}
     state.data["queue_project"] = {q: v[2] for q, v in queues.items()}
     weights: dict[int, float] = {}
     for _, weight, project in queues.values():
         weights[project] = max(weights.get(project, 0.0), weight)
     state.data["project_weight"] = weights
+    _share_cache(state, cache, snap, profile, now if now is not None else time.time(), policies)
 
     def key(cls: JobClass) -> tuple[Any, ...]:
         head = cls.head
@@ -75,7 +114,7 @@ def decide(
 
     heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
     heapq.heapify(heap)
-    masks: dict[Shape, tuple[np.ndarray, int]] = {}
+    masks: dict[Shape, tuple[np.ndarray, int, int]] = {}
     decisions: list[Placement] = []
     blocked: list[Blocked] = []
     counter = len(heap)
@@ -91,34 +130,138 @@ def decide(
             heapq.heappush(heap, (fresh, counter, cls))
             continue
         job = cls.head
-        # A class found not to fit, with nothing changed in the snapshot since (no placement,
-        # release or node change): the same verdict, without looking again.
+        # A class found not to fit, with nothing changed since (no placement, release, node
+        # change, and the same reservations ahead of it): the same verdict, without looking
+        # again — and the same reservation and estimate, replayed.
+        mark = (len(snap.changed), state.data["signature"], cache.runs_version)
         verdict = cache.verdicts.get(cls.shape)
-        if verdict is not None and verdict[0] is snap and verdict[1] == len(snap.changed):
+        if verdict is not None and verdict[0] is snap and verdict[1] == mark:
+            for effect in verdict[3]:
+                effect(state)
+            if verdict[3]:
+                state.data["signature"] = hash((state.data["signature"], job.id))
             blocked.append(Blocked(cls, verdict[2]))
             continue
-        status = next((s for p in profile.pre_filter if not (s := p.pre_filter(state, snap, job)).ok), None)
-        placement = None
-        if status is None:
-            mask = _class_mask(profile, state, snap, job, masks)
-            placement = select(profile, state, snap, job, mask)
-            if placement is None:
-                status = _why(profile, state, snap, job)
-                for plugin in profile.post_filter:  # preemption's extension point
-                    plugin.post_filter(state, snap, job)
+        placement, status, tried = _place(profile, state, snap, job, masks)
         if placement is not None:
             status = _reserve(profile, state, snap, placement)
         if status is not None:
-            cache.verdicts[cls.shape] = (snap, len(snap.changed), status)
+            state.data["why"] = status
+            effects = _post_filter(profile, state, snap, tried)
+            if effects:
+                state.data["signature"] = hash((state.data["signature"], job.id))
+            status = _with_words(status, state.data.pop("post_words", ""))
+            cache.verdicts[cls.shape] = (snap, mark, status, effects)
             blocked.append(Blocked(cls, status))
             continue
+        assert placement is not None
         cache.queue.pop_head(cls)
-        cache.assume(job, [(c.row, c.gpu_indices) for c in placement.nodes], job.queue_id)
+        cache.assume(
+            placement.job,
+            [(c.row, c.gpu_indices) for c in placement.nodes],
+            job.queue_id,
+            now=state.data["now"],
+        )
+        state.data["runs_version"] = cache.runs_version
         decisions.append(placement)
         if len(cls):
             counter += 1
             heapq.heappush(heap, (key(cls), counter, cls))
-    return decisions, blocked
+    cycle = state.data.get("backfill")
+    return Decided(
+        decisions,
+        blocked,
+        preemptions=state.data.get("preemptions", []),
+        estimates=state.data.get("estimates", {}),
+        reserved=len(cycle.book.by_job) if cycle is not None else 0,
+        backfilled=cycle.backfilled if cycle is not None else 0,
+    )
+
+
+def _share_cache(
+    state: CycleState, cache: SchedulerCache, snap: Snapshot, profile: Profile, now: float, policies: Policies
+) -> None:
+    """What plugins may read of the cache, through the cycle state (they never see the cache)."""
+    state.data["now"] = now
+    state.data["runs"] = cache.runs
+    state.data["runs_version"] = cache.runs_version
+    state.data["ratios"] = cache.ratios
+    state.data["nominated"] = cache.nominated
+    state.data["queue_policy"] = policies
+    state.data["signature"] = 0
+    state.data["changed_rows"] = []
+    state.data[TIMELINES] = cache.carry
+    pending = cache.queue.jobs
+    for job_id in [j for j in cache.claims if j not in pending]:
+        del cache.claims[job_id]
+    state.data["claims"] = cache.claims
+
+    def bump() -> None:
+        cache.runs_version += 1
+        state.data["runs_version"] = cache.runs_version
+
+    state.data["runs_version_bump"] = bump
+    state.data["static_mask"] = lambda job: static_mask(profile, state, snap, job)
+
+
+def _place(
+    profile: Profile,
+    state: CycleState,
+    snap: Snapshot,
+    job: JobView,
+    masks: dict[Shape, tuple[np.ndarray, int, int]],
+) -> tuple[Placement | None, Status | None, JobView]:
+    """Try the job — an any-model job once per model it accepts, best first (Kueue's flavor
+    fungibility) — and return (placement, None, the view placed) or (None, why not, the view
+    the post-filters should work on: the first model whose quota admits it)."""
+    views = [job.as_model(m) for m in job.models] if job.model == ANY_MODEL else [job]
+    first: tuple[Status, JobView] | None = None
+    for view in views:
+        status = next((s for p in profile.pre_filter if not (s := p.pre_filter(state, snap, view)).ok), None)
+        if status is None:
+            mask = _class_mask(profile, state, snap, view, masks)
+            placement = select(profile, state, snap, view, mask)
+            if placement is not None:
+                return placement, None, view
+            status = _why(profile, state, snap, view)
+            if first is None or first[0].reason == PendingReason.QUOTA_EXCEEDED:
+                first = (status, view)
+        elif first is None:
+            first = (status, view)
+    if first is None:
+        return None, Status(Code.UNSCHEDULABLE, PendingReason.RESOURCES, "it accepts no GPU model here"), job
+    return None, first[0], first[1]
+
+
+def _post_filter(profile: Profile, state: CycleState, snap: Snapshot, job: JobView) -> list[Any]:
+    """Run the post-filters (preemption, backfill's reservations) for a job that cannot be
+    placed now; returns what they did as effects a later cycle may replay."""
+    state.data["effects"] = []
+    state.data["blocked_by"] = getattr(state.data.get("why"), "reason", "")
+    words = []
+    for plugin in profile.post_filter:
+        status = plugin.post_filter(state, snap, job)
+        if status.message:
+            words.append(status.message)
+    state.data["post_words"] = "; ".join(words)
+    return state.data.pop("effects")
+
+
+def _with_words(status: Status, words: str) -> Status:
+    if not words:
+        return status
+    return Status(status.code, status.reason, f"{status.message}; {words}"[:500])
+
+
+def static_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobView) -> np.ndarray:
+    """The rows that could take ``job`` once enough of their GPUs are free: every filter that
+    does not depend on free capacity, and enough healthy GPUs in all."""
+    rows = snap.all_rows
+    mask = snap.gpu_total >= job.gpus
+    for plugin in profile.filter:
+        if not getattr(plugin, "capacity", False):
+            mask &= plugin.filter(state, snap, job, rows)
+    return mask
 
 
 def _reserve(profile: Profile, state: CycleState, snap: Snapshot, placement: Placement) -> Status | None:
@@ -139,26 +282,27 @@ def _class_mask(
     state: CycleState,
     snap: Snapshot,
     job: JobView,
-    masks: dict[Shape, tuple[np.ndarray, int]],
+    masks: dict[Shape, tuple[np.ndarray, int, int]],
 ) -> np.ndarray:
     """The class's filter mask over all rows: computed once, then only rows changed since (by
-    placements of this cycle) are checked again."""
+    placements of this cycle, or by reservations) are checked again."""
     shape = job.shape()
     cached = masks.get(shape)
+    extra: list[int] = state.data["changed_rows"]
     if cached is None:
         rows = snap.all_rows
         mask = np.ones(len(rows), dtype=bool)
         for plugin in profile.filter:
             mask &= plugin.filter(state, snap, job, rows)
     else:
-        mask, seen = cached
-        if seen < len(snap.changed):
-            rows = np.unique(np.asarray(snap.changed[seen:], dtype=np.int64))
+        mask, seen, seen_extra = cached
+        if seen < len(snap.changed) or seen_extra < len(extra):
+            rows = np.unique(np.asarray(snap.changed[seen:] + extra[seen_extra:], dtype=np.int64))
             ok = np.ones(len(rows), dtype=bool)
             for plugin in profile.filter:
                 ok &= plugin.filter(state, snap, job, rows)
             mask[rows] = ok
-    masks[shape] = (mask, len(snap.changed))
+    masks[shape] = (mask, len(snap.changed), len(extra))
     return mask
 
 

@@ -10,6 +10,7 @@ class ResourcesFit:
     """Filter: enough free healthy GPUs, cpu and memory on the node for one of the job's tasks."""
 
     name = "resources_fit"
+    capacity = True
 
     def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
         ok = (snap.cpu_free[rows] >= job.cpu) & (snap.mem_free[rows] >= job.memory)
