@@ -12,6 +12,10 @@ with quotas and a cohort. Then cycles run until nothing more fits. Reported:
 * ``cycle_ms_p50``/``cycle_ms_p99`` over those cycles;
 * ``no_capacity_cycle_ms`` — a cycle over the full fleet with everything left pending;
 * ``cache_build_ms`` — building the cache from the database (once per process);
+* ``preempted``, ``reservations`` — with ``--policies on`` (the default profile: backfill and
+  preemption; every queue may preempt lower priorities and reclaim lent quota), the jobs
+  preempted once the fleet was full and the reservations the last cycle held; ``--policies
+  off`` leaves both plugins out, for the same run's comparison (``benchmarks/policies.py``);
 * ``rss_mb``; ``invariants_ok`` (checked in the database afterwards);
 * ``limit_placements_per_s`` — the same workload through a bare numpy best-fit loop, no
   framework, no database: the yardstick.
@@ -33,6 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MODELS = ["h100-80g", "a100-80g", "h200-141g", "l40s-48g"]
+LIMITS = [3600, 4 * 3600, 12 * 3600, 24 * 3600]  # time limits users pick: backfill's timeline reads them
+PROFILE_OVERRIDE: dict = {}
 
 
 def main() -> None:
@@ -42,8 +48,19 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--per-cycle", type=int, default=5000, help="placement limit of one cycle")
+    parser.add_argument(
+        "--policies",
+        choices=["on", "off"],
+        default="on",
+        help="backfill and preemption in the profile (on, the default profile) or not (off)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.policies == "off":
+        from scheduling.engine.policies import DEFAULT_PROFILE
+
+        plugins = [p for p in DEFAULT_PROFILE["plugins"] if p not in ("backfill", "preemption")]
+        PROFILE_OVERRIDE.update(DEFAULT_PROFILE | {"plugins": plugins})
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     random.seed(args.seed)
 
@@ -58,6 +75,7 @@ def main() -> None:
             conn.execute("VACUUM ANALYZE")
         result = {"nodes": args.nodes, "jobs": args.jobs, "gpus": args.nodes * 8}
         result["per_cycle_limit"] = args.per_cycle
+        result["policies"] = args.policies
         result.update(run(workload, say, args.per_cycle))
         result["limit_placements_per_s"] = bare_numpy(workload)
         result["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -114,7 +132,13 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
         project = Project.objects.create(name=f"p{p}")
         for q in range(2):
             queue = Queue.objects.create(
-                project=project, name=f"q{q}", priority=q * 10, cohort="all", fair_share_weight=1 + p % 2
+                project=project,
+                name=f"q{q}",
+                priority=q * 10,
+                cohort="all",
+                fair_share_weight=1 + p % 2,
+                preempt_within_queue="lower_priority",
+                reclaim_within_cohort="lower_priority",
             )
             for model in models.values():
                 QueueQuota.objects.create(
@@ -148,6 +172,7 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
                 gpus_per_node=gpus,
                 cpu_millicores_per_node=4000 * gpus,
                 memory_bytes_per_node=2**33 * gpus,
+                time_limit_s=random.choice(LIMITS),
                 submitted_at=now,
             )
         )
@@ -156,8 +181,15 @@ def build(nodes: int, jobs: int, clusters: int) -> dict:
 
 
 def run(workload: dict, say, per_cycle: int) -> dict:
+    from django.conf import settings
+
+    from scheduling.engine import policies
     from scheduling.engine.cache import SchedulerCache
     from scheduling.engine.cycle import run_cycle
+
+    if PROFILE_OVERRIDE:
+        settings.ORRERY_SCHEDULER_PROFILE = PROFILE_OVERRIDE
+        policies._profile = None
 
     cache = SchedulerCache()
     started = time.perf_counter()
@@ -174,6 +206,13 @@ def run(workload: dict, say, per_cycle: int) -> dict:
         cycles.append(elapsed * 1000)
         placed += report.placed
         say(f"cycle: placed {report.placed} in {elapsed * 1000:.0f} ms {report.phases_ms}")
+    preempted = 0
+    for _ in range(200):  # preemptions settle (each cycle preempts at most 16 jobs' victims)
+        report = run_cycle(cache)
+        preempted += report.preempted
+        if not report.preempted:
+            break
+    say(f"preempted {preempted} jobs before the fleet settled")
     idle = []
     for _ in range(5):
         started = time.perf_counter()
@@ -187,6 +226,8 @@ def run(workload: dict, say, per_cycle: int) -> dict:
         "cycle_ms_p50": round(statistics.median(cycles), 1) if cycles else None,
         "cycle_ms_p99": round(max(cycles), 1) if cycles else None,
         "no_capacity_cycle_ms": round(statistics.median(idle), 1),
+        "preempted": preempted,
+        "reservations": report.reserved,
         "pending_after": report.pending,
         "cache_build_ms": round(build_ms),
         "invariants_ok": check_invariants(),

@@ -117,6 +117,7 @@ def decide(
     masks: dict[Shape, tuple[np.ndarray, int, int]] = {}
     decisions: list[Placement] = []
     blocked: list[Blocked] = []
+    aside: list[tuple[JobClass, JobView]] = []  # preemptors set aside so their classmates get a turn
     counter = len(heap)
     while heap and len(decisions) < limit:
         stale_key, _, cls = heapq.heappop(heap)
@@ -147,10 +148,17 @@ def decide(
             status = _reserve(profile, state, snap, placement)
         if status is not None:
             state.data["why"] = status
+            preempting = len(state.data.get("preemptions", ()))
             effects = _post_filter(profile, state, snap, tried)
             if effects:
                 state.data["signature"] = hash((state.data["signature"], job.id))
             status = _with_words(status, state.data.pop("post_words", ""))
+            if len(state.data.get("preemptions", ())) > preempting and len(cls) > 1:
+                # It preempted: the next job of its class may too (each preempts for itself).
+                aside.append((cls, cache.queue.pop_head(cls)))
+                counter += 1
+                heapq.heappush(heap, (key(cls), counter, cls))
+                continue
             cache.verdicts[cls.shape] = (snap, mark, status, effects)
             blocked.append(Blocked(cls, status))
             continue
@@ -167,13 +175,15 @@ def decide(
         if len(cls):
             counter += 1
             heapq.heappush(heap, (key(cls), counter, cls))
+    for _, job in aside:  # back in line, for the next cycle
+        cache.queue.upsert(job)
     cycle = state.data.get("backfill")
     return Decided(
         decisions,
         blocked,
         preemptions=state.data.get("preemptions", []),
         estimates=state.data.get("estimates", {}),
-        reserved=len(cycle.book.by_job) if cycle is not None else 0,
+        reserved=cycle.reserved if cycle is not None else 0,
         backfilled=cycle.backfilled if cycle is not None else 0,
     )
 

@@ -107,7 +107,7 @@ class Book:
 
 
 class Backfill:
-    """Filter + Reserve + PostFilter: reservations for the first blocked jobs, backfill around
+    """PreFilter + Filter + Reserve + PostFilter: reservations for the first blocked jobs, backfill around
     them, and predicted starts (see the module docstring)."""
 
     name = "backfill"
@@ -127,11 +127,17 @@ class Backfill:
             cycle.nominate()
         return cycle
 
+    # --- PreFilter ---------------------------------------------------------------------------
+    def pre_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
+        """A preemptor's turn: the GPUs held for it while its victims drain are its own."""
+        book = self._cycle(state, snap).book
+        if job.id in book.by_job and job.id in state.data["nominated"]:
+            book.drop(job.id, None)
+        return OK
+
     # --- Filter ------------------------------------------------------------------------------
     def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
         book = self._cycle(state, snap).book
-        if job.id in state.data["nominated"] and job.id in book.by_job:
-            book.drop(job.id, None)  # a preemptor's turn: the GPUs held for it are its own
         if not book.by_job:
             return np.ones(len(rows), dtype=bool)
         end = state.data["now"] + job.time_limit
@@ -167,7 +173,7 @@ class Backfill:
         if cycle.estimated >= self.estimates:
             return OK
         candidates = state.data["static_mask"](job)
-        reserve = len(cycle.book.by_job) - cycle.nominations < self.depth
+        reserve = cycle.reserved < self.depth
         slot = cycle.limits().earliest(job, candidates) if reserve else None
         guess = cycle.expected().earliest(job, candidates)
 
@@ -186,6 +192,7 @@ class _Cycle:
         self.book, self.state, self.snap = book, state, snap
         self.now: float = state.data["now"]
         self.estimated = 0
+        self.reserved = 0  # reservations made (nominations not counted)
         self.nominations = 0
         self.backfilled = 0
         self._timelines: dict[str, Timeline] = {}
@@ -247,6 +254,7 @@ class _Cycle:
             self.limits().claim(slot, job.gpus, end)
             reservation = Reservation(job.id, slot.rows, job.gpus, slot.start, end, slot.cluster)
             self.book.add(reservation, self.limits())
+            self.reserved += 1
         if guess is not None:
             self.expected().claim(guess, job.gpus, guess.start + self.expected_duration(job))
         shown = guess or slot

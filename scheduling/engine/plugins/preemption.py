@@ -150,8 +150,8 @@ class Preemption:
             return None
         victims, rows, cluster = picked
         victims = _with_quota(book, job, victims, order, runs)
-        if victims is None:
-            return None
+        if not victims:
+            return None  # none would help (it waits on something preemption cannot free)
         reasons = {reason_of[v] for v in victims}
         return victims, ("within_queue" if reasons == {"within_queue"} else "reclaim"), rows, cluster
 
