@@ -93,6 +93,13 @@ const Orrery = (() => {
       const why = $("#job-why");
       why.textContent = job.reasonMessage || "";
       why.hidden = !job.reasonMessage;
+      const estimate = $("#job-estimate");
+      const start = job.estimatedStart;
+      estimate.textContent = start
+        ? `Would start ≈ ${new Date(start.at).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })}` +
+          `${start.where ? ` on ${start.where}` : ""} — ${start.reserved ? "reserved" : "an estimate, not a reservation"}`
+        : "";
+      estimate.hidden = !start;
       if (allowed) {
         box.innerHTML = Object.keys(ACTIONS).filter((a) => ACTIONS[a].includes(job.state))
           .map((a) => `<button type="button" data-action="${a}" class="${a === "cancel" ? "danger" : ""}">${a[0].toUpperCase() + a.slice(1)}</button>`).join("");
