@@ -165,7 +165,8 @@ const Orrery = (() => {
       const [project, queue] = f.get("queue").split("/");
       const gpus = Number(f.get("gpus") || 0);
       const spec = {
-        resources: {gpus: gpus ? `${f.get("model")}:${gpus}` : 0, nodes: Number(f.get("nodes") || 1)},
+        // No model chosen: GPUs of any model (the scheduler picks one when it places the job).
+        resources: {gpus: gpus && f.get("model") ? `${f.get("model")}:${gpus}` : gpus, nodes: Number(f.get("nodes") || 1)},
         queue, run: f.get("run"),
       };
       if (f.get("timeLimit")) spec.timeLimit = f.get("timeLimit");

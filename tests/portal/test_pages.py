@@ -185,6 +185,10 @@ def test_the_job_page_shows_an_any_model_request_and_preemptibility(signed_in, a
     assert "× 2 any model" in signed_in.get(f"/jobs/{job.pk}/").content.decode()
 
 
+def test_the_submit_form_offers_gpus_of_any_model(signed_in):
+    assert '<option value="">any model</option>' in signed_in.get("/submit/").content.decode()
+
+
 def test_the_jobs_list_shows_reasons_and_predicted_starts_and_sorts_by_them(signed_in, alice, queue):
     now = timezone.now().replace(second=0, microsecond=0)
     late = _estimated(alice, queue, now + timedelta(hours=2), name="late-one")
