@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -55,6 +56,9 @@ SORTS = {
     "-submitted": "-submitted_at",
     "gpus": "gpus_per_node",
     "-gpus": "-gpus_per_node",
+    # Expected start: the soonest first, jobs without an estimate after them.
+    "start": F("estimated_start_at").asc(nulls_last=True),
+    "-start": F("estimated_start_at").desc(nulls_last=True),
 }
 
 
@@ -96,7 +100,7 @@ def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]
         if _job_id(q) is not None:
             match |= Q(pk=_job_id(q))
         jobs = jobs.filter(match)
-    return jobs.order_by(SORTS.get(params["sort"], "-id")), params
+    return jobs.order_by(SORTS.get(params["sort"], "-id"), "-id"), params
 
 
 @login_required
@@ -111,6 +115,9 @@ def jobs(request: HttpRequest) -> HttpResponse:
         end = job.finished_at or (now if job.started_at else None)
         job.time_used = _duration(end - job.started_at) if end and job.started_at else ""
         job.gpus_total = job.gpus_per_node * job.nodes
+        job.gpu_label = gpu_label(job)
+        job.shown_reason = job.reason if job.state in WAITING_STATES | {JobState.PREEMPTED} else ""
+        job.estimate = start_estimate(job, now)
     context = {
         "page": page,
         "rows": rows,
@@ -163,6 +170,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "gpus": gpus_with_nodes(placement.gpu_ids if placement else []),
         "events": job_events(job),
         "why": reason_sentence(job),
+        "estimate": start_estimate(job, timezone.now()),
+        "gpu_label": gpu_label(job),
         "actions": [
             a
             for a, states in ACTION_SOURCES.items()
@@ -274,6 +283,29 @@ def queues(request: HttpRequest) -> HttpResponse:
             }
         )
     return render(request, "portal/queues.html", {"table": table})
+
+
+def start_estimate(job: Job, now: datetime) -> str:
+    """ "Would start ≈ 14:20 UTC on sim-b: node-3 — reserved" for a waiting job the scheduler has
+    an estimate for (the date too when it is not today), else ""."""
+    if job.state not in WAITING_STATES or job.estimated_start_at is None:
+        return ""
+    at = timezone.localtime(job.estimated_start_at)
+    when = format_date(at, "H:i T" if at.date() == timezone.localtime(now).date() else "M j, H:i T")
+    where = f" on {job.estimated_where}" if job.estimated_where else ""
+    kind = "reserved" if job.reserved else "an estimate, not a reservation"
+    return f"Would start ≈ {when}{where} — {kind}"
+
+
+def gpu_label(job: Job) -> str:
+    """The GPU model of a job: the one it named or was placed on, else the models an any-model
+    request allows ("any of h100-80g, a100-80g", "any model")."""
+    if job.gpu_model is not None:
+        return job.gpu_model.slug
+    if not job.gpus_per_node:
+        return ""
+    models = (job.placement or {}).get("gpuModels") or []
+    return f"any of {', '.join(map(str, models))}" if models else "any model"
 
 
 def _job_id(text: str) -> int | None:

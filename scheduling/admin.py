@@ -1,16 +1,22 @@
 """Operations console for queues and jobs. Job state changes only through the actions, which
-call the same services as the API; a job's history, attempts and allocations are read-only."""
+call the same services as the API; a job's history, attempts and allocations are read-only, and
+so are the scheduler's estimates and a job's checkpoint stamp."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from clusters.selectors import resolve_gpu_model
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
+from scheduling.spec import MAX_GPU_MODELS, MAX_PREEMPTION_GRACE_S
 
 _REFUSALS = (InvalidTransition, TransitionConflict)
 
@@ -20,9 +26,87 @@ class QueueQuotaInline(admin.TabularInline):
     extra = 1
 
 
+class GpuModelListField(forms.CharField):
+    """GPU models typed comma-separated, best first (``h100, a100-80g``); a list of names to
+    the form's ``clean`` (the model's JSON list)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return ", ".join(map(str, value)) if isinstance(value, list) else value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = super().to_python(value)
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class QueueForm(forms.ModelForm):
+    """A queue, with its preemption settings checked: a grace period an operator would accept
+    (0 to 1 hour, the most a job may ask for) and GPU models that exist (aliases become slugs)."""
+
+    preemption_grace_s = forms.IntegerField(
+        min_value=0,
+        max_value=MAX_PREEMPTION_GRACE_S,
+        initial=30,
+        label="Preemption grace (s)",
+        help_text="Seconds a preempted job has between its signal and SIGKILL; also the most a job "
+        "may ask for (0–3600).",
+    )
+    gpu_model_preference = GpuModelListField(
+        required=False,
+        max_length=2000,
+        label="GPU model preference",
+        help_text="GPU models, best first, comma-separated (h100-80g, a100-80g), that a job asking "
+        "for any model tries in order; empty: the models the queue has quota for, then every other.",
+    )
+
+    class Meta:
+        model = Queue
+        fields = [
+            "project",
+            "name",
+            "priority",
+            "fair_share_weight",
+            "cohort",
+            "max_running_jobs_per_user",
+            "max_gpus_per_user",
+            "max_pending_jobs",
+            "max_pending_jobs_per_user",
+            "max_member_priority",
+            "max_time_limit_s",
+            "preempt_within_queue",
+            "reclaim_within_cohort",
+            "preemption_grace_s",
+            "gpu_model_preference",
+        ]
+
+    def clean_gpu_model_preference(self) -> list[str]:
+        names = self.cleaned_data["gpu_model_preference"]
+        if len(names) > MAX_GPU_MODELS:
+            raise forms.ValidationError(f"List at most {MAX_GPU_MODELS} GPU models.")
+        slugs: list[str] = []
+        for name in names:
+            model = resolve_gpu_model(name[:120])
+            if model is None:
+                raise forms.ValidationError(f"Unknown GPU model '{name[:120]}'.")
+            if model.slug in slugs:
+                raise forms.ValidationError(f"'{name[:120]}' is {model.slug}, listed already.")
+            slugs.append(model.slug)
+        return slugs
+
+
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "project", "priority", "fair_share_weight", "cohort", "quota_summary"]
+    form = QueueForm
+    list_display = [
+        "__str__",
+        "project",
+        "priority",
+        "fair_share_weight",
+        "cohort",
+        "quota_summary",
+        "preempt_within_queue",
+        "reclaim_within_cohort",
+        "preemption_grace_s",
+    ]
     list_filter = ["project", "cohort"]
     list_select_related = ["project"]
     search_fields = ["name", "project__name", "cohort"]
@@ -56,6 +140,10 @@ class JobAttemptInline(ReadOnlyInline):
         "created_at",
         "started_at",
         "finished_at",
+        "stop_requested_at",
+        "stop_signal",
+        "stop_grace_s",
+        "signalled_at",
     ]
     readonly_fields = fields
 
@@ -92,7 +180,7 @@ class JobAdmin(admin.ModelAdmin):
         "submitted_at",
         "finished_at",
     ]
-    list_filter = ["state", "reason", "project", "queue", "gpu_model"]
+    list_filter = ["state", "reason", "project", "queue", "gpu_model", "preemptible", "reserved"]
     list_select_related = ["owner", "project", "queue__project", "gpu_model"]
     search_fields = ["=id", "name", "owner__username", "project__name"]
     date_hierarchy = "submitted_at"
@@ -118,6 +206,11 @@ class JobAdmin(admin.ModelAdmin):
         "cpu_millicores_per_node",
         "memory_bytes_per_node",
         "time_limit_s",
+        "preemptible",
+        "checkpointed_at",
+        "estimated_start_at",
+        "estimated_where",
+        "reserved",
         "command",
         "labels",
         "placement",
@@ -142,7 +235,9 @@ class JobAdmin(admin.ModelAdmin):
     def gpu_request(self, obj: Job) -> str:
         if not obj.gpus_per_node:
             return "—"
-        per_node = f"{obj.gpus_per_node}×{obj.gpu_model.slug}"
+        models = (obj.placement or {}).get("gpuModels") or []
+        model = obj.gpu_model.slug if obj.gpu_model else "|".join(map(str, models)) or "any model"
+        per_node = f"{obj.gpus_per_node}×{model}"
         return per_node if obj.nodes == 1 else f"{obj.nodes} nodes × {per_node}"
 
 

@@ -13,7 +13,14 @@ Units, chosen to match what Slurm and Kubernetes users type:
 * time: ``2h``, ``90m``, ``1h30m``, ``45s``, ``1d``; Slurm's ``MM``, ``MM:SS``, ``HH:MM:SS``,
   ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; ISO 8601 ``PT2H``, ``P1DT2H``; a bare integer is minutes
   (Slurm's default unit);
-* gpus: ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"`` (one), ``{model: h100, count: 8}``, or ``0``.
+* gpus: ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"`` (one), ``{model: h100, count: 8}``, or ``0``;
+  any model: ``8``, ``"8"``, ``"gpu:8"``, ``"gpu"`` (one), ``{count: 8}``, and ``{count: 8,
+  models: [h100, a100]}`` for any of these models, best first (the scheduler records the model
+  it chose when it places the job);
+* preemption: ``preemptible`` (default true) and ``preemption: {signal: USR1, grace: 2m}`` — the
+  signal a preempted job gets first (``TERM``, ``INT``, ``HUP``, ``USR1``, ``USR2``, ``QUIT``, with
+  or without ``SIG``) and how long it then has to save its work before it is killed (a duration
+  as for the time limit, at most 1 hour; its queue may allow less).
 
 Hostile input is refused, never crashes: numbers are read from ASCII digits only (``int()`` and
 ``float()`` also read ``"١٢"``), and a digit string too long for any range is refused by its
@@ -40,6 +47,9 @@ MAX_MEMORY_BYTES = 2**50
 PRIORITY_NAMES = {"low": -100, "normal": 0, "high": 100}
 PRIORITY_RANGE = (-1000, 1000)
 FAILOVER_POLICIES = ("requeue", "hold", "fail")
+MAX_GPU_MODELS = 16  # in one any-model request's list of preferences
+PREEMPTION_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")
+MAX_PREEMPTION_GRACE_S = 3600
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -75,8 +85,12 @@ SPEC_FIELDS = {
     "failover",
     "array",
     "sim",
+    "preemptible",
+    "preemption",
 }
 RESOURCE_FIELDS = {"nodes", "gpus", "cpus", "memory"}
+GPU_FIELDS = {"model", "models", "count"}
+PREEMPTION_FIELDS = {"signal", "grace"}
 PLACEMENT_FIELDS = {"clusters", "nodeSelector"}
 SIM_FIELDS = {"duration", "exitCode"}
 
@@ -89,10 +103,27 @@ class SpecError(Exception):
         super().__init__("; ".join(f"{path}: {message}" for path, message in errors))
 
 
+class FieldProblems(ValueError):
+    """A parser's refusal of parts of its value: ``(where, message)`` pairs, ``where`` appended
+    to the field's path (``.models[1]``)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(message for _, message in problems))
+
+
 @dataclass(frozen=True)
 class GpuRequest:
+    """GPUs per node: ``count`` of ``model``; with ``model`` None and a count, any model —
+    of ``models`` (names, best first) when given, else of every model."""
+
     model: str | None
     count: int
+    models: tuple[str, ...] = ()
+
+    @property
+    def any_model(self) -> bool:
+        return self.count > 0 and self.model is None
 
 
 @dataclass(frozen=True)
@@ -122,6 +153,9 @@ class JobSpec:
     array: list[int] | None
     sim_duration_s: int | None
     sim_exit_code: int
+    preemptible: bool
+    preemption_signal: str
+    preemption_grace_s: int | None  # None: the queue's grace period
     document: dict[str, Any] = field(repr=False)
 
 
@@ -365,46 +399,99 @@ def parse_duration(value: Any) -> int:
 
 
 def parse_gpus(value: Any) -> GpuRequest:
-    """A ``GpuRequest`` for ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"``, ``{model, count}`` or 0."""
+    """A ``GpuRequest`` for ``"h100:8"``, ``"gpu:h100:8"``, ``"h100"``, ``{model, count}`` or 0;
+    of any model for ``8``, ``"8"``, ``"gpu:8"``, ``"gpu"`` (one), ``{count}`` or ``{count,
+    models}``. Problems in ``models`` raise ``FieldProblems`` naming the item."""
     if isinstance(value, bool):
-        raise ValueError("must be like 'h100:8' or {model: h100, count: 8}, not a boolean")
+        raise ValueError("must be like 'h100:8', 8 (any model) or {model: h100, count: 8}, not a boolean")
     if value is None or value == 0:
         return GpuRequest(None, 0)
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"cannot be negative, got {_shown(value)}")
-        raise ValueError(f"name the GPU model, e.g. 'h100:{_shown(value)}'")
+        return _gpu_request(None, value)
     if isinstance(value, dict):
-        unknown = set(value) - {"model", "count"}
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; use model and count")
-        model, count = value.get("model"), value.get("count", 1)
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError("model must be a GPU model name such as h100")
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise ValueError("count must be an integer")
-        return _gpu_request(model, count)
+        return _gpu_mapping(value)
     if not isinstance(value, str):
-        raise ValueError(f"must be like 'h100:8', not {_kind(value)}")
+        raise ValueError(f"must be like 'h100:8' or 8 (any model), not {_kind(value)}")
     parts = [p.strip() for p in value.strip().split(":")]
-    if parts and parts[0].lower() == "gpu" and len(parts) > 1:
+    if parts[0].lower() == "gpu":
+        if len(parts) == 1:
+            return GpuRequest(None, 1)  # Slurm's --gres=gpu: one GPU of any model
         parts = parts[1:]
     if len(parts) == 1:
         count = ascii_integer(parts[0])
         return _gpu_request(parts[0], 1) if count is None else parse_gpus(count)
     if len(parts) == 2 and ascii_integer(parts[1]) is not None:
         return _gpu_request(parts[0], ascii_integer(parts[1]))
-    raise ValueError(f"'{value[:40]}' is not a GPU request; use MODEL:COUNT, e.g. h100:8")
+    raise ValueError(f"'{value[:40]}' is not a GPU request; use MODEL:COUNT, e.g. h100:8, or a count")
 
 
-def _gpu_request(model: str, count: int) -> GpuRequest:
+def _gpu_mapping(value: dict[Any, Any]) -> GpuRequest:
+    """``{model, count}``, ``{count}`` or ``{count, models}``."""
+    unknown = set(value) - GPU_FIELDS
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; use count, with model or models"
+        )
+    if "model" in value and "models" in value:
+        raise FieldProblems([(".models", "give model (that model) or models (any of them), not both")])
+    if not value:
+        raise ValueError("give count (any model), with model or models to choose")
+    count = value.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise ValueError("count must be an integer")
+    if "model" in value:
+        model = value["model"]
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model must be a GPU model name such as h100")
+        return _gpu_request(model, count)
+    models = _gpu_models(value["models"]) if "models" in value else ()
+    return _gpu_request(None, count, models)
+
+
+def _gpu_models(value: Any) -> tuple[str, ...]:
+    """The model names of an any-model request, best first, lowercased; every bad item named."""
+    if not isinstance(value, list):
+        raise FieldProblems([(".models", f"must be a list of GPU model names, not {_kind(value)}")])
+    if len(value) > MAX_GPU_MODELS:
+        raise FieldProblems([(".models", f"lists at most {MAX_GPU_MODELS} models")])
+    problems: list[tuple[str, str]] = []
+    names: list[str] = []
+    for i, item in enumerate(value):
+        name = item.strip().lower() if isinstance(item, str) else ""
+        if not name or len(name) > 120 or not name.isprintable():
+            problems.append((f".models[{i}]", "must be a GPU model name such as h100"))
+        elif name in names:
+            problems.append((f".models[{i}]", f"'{name}' is listed twice"))
+        else:
+            names.append(name)
+    if problems:
+        raise FieldProblems(problems)
+    return tuple(names)
+
+
+def _gpu_request(model: str | None, count: int, models: tuple[str, ...] = ()) -> GpuRequest:
     if count < 0:
         raise ValueError(f"count cannot be negative, got {_shown(count)}")
     if count > MAX_GPUS_PER_NODE:
         raise ValueError(f"count {_shown(count)} is more than {MAX_GPUS_PER_NODE} GPUs per node")
-    if not model or len(model) > 120 or not model.isprintable():
+    if model is not None and (not model or len(model) > 120 or not model.isprintable()):
         raise ValueError("model must be a GPU model name such as h100")
-    return GpuRequest(model.strip().lower() if count else None, count)
+    if not count:
+        return GpuRequest(None, 0)
+    return GpuRequest(model.strip().lower() if model is not None else None, count, models)
+
+
+def parse_signal(value: Any) -> str:
+    """The signal a preempted job asks for first: ``USR1`` for ``USR1``, ``SIGUSR1``, ``usr1``."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a signal name such as USR1, not {_kind(value)}")
+    name = value.strip().upper().removeprefix("SIG")
+    if name not in PREEMPTION_SIGNALS:
+        choices = ", ".join(PREEMPTION_SIGNALS)
+        raise ValueError(f"'{value[:40]}' is not a signal a job may ask for; use {choices}")
+    return name
 
 
 def parse_array(value: Any) -> list[int]:
@@ -479,6 +566,10 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
             return
         try:
             values[key] = parser(source[key])
+        except FieldProblems as exc:
+            for where, message in exc.problems:
+                c.add(field_path + where, message)
+            values[key] = default
         except ValueError as exc:
             c.add(field_path, str(exc))
             values[key] = default
@@ -541,6 +632,24 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
             sim_duration = None
     sim_exit = c.integer(sim.get("exitCode"), f"{p}spec.sim.exitCode", default=0, low=0, high=255)
 
+    preemptible = spec.get("preemptible")
+    if preemptible is None:
+        preemptible = True
+    elif not isinstance(preemptible, bool):
+        c.add(f"{p}spec.preemptible", f"must be true or false, not {_kind(preemptible)}")
+        preemptible = True
+    preemption = c.mapping(spec.get("preemption"), f"{p}spec.preemption", PREEMPTION_FIELDS)
+    convert(preemption, "signal", f"{p}spec.preemption.signal", parse_signal, PREEMPTION_SIGNALS[0])
+    convert(preemption, "grace", f"{p}spec.preemption.grace", parse_duration, None)
+    grace = values["grace"]
+    if grace is not None and not 0 <= grace <= MAX_PREEMPTION_GRACE_S:
+        c.add(
+            f"{p}spec.preemption.grace",
+            f"must be between 0s and {MAX_PREEMPTION_GRACE_S // 60}m (a bare number is minutes; "
+            "write seconds as e.g. 30s)",
+        )
+        grace = None
+
     if name and values["array"] and len(name) + len(f"-{values['array'][-1]}") > 128:
         c.add(f"{p}metadata.name", "is too long for an array: NAME-INDEX must fit in 128 characters")
     if c.errors:
@@ -569,5 +678,8 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         array=values["array"],
         sim_duration_s=sim_duration,
         sim_exit_code=sim_exit,
+        preemptible=preemptible,
+        preemption_signal=values["signal"],
+        preemption_grace_s=grace,
         document=document,
     )

@@ -4,7 +4,8 @@ Every error body is ``{"detail": "<sentence>", "errors": [{"path": …, "message
 list is present for input errors and names each bad field by its path in the request
 (``spec.resources.gpus``, ``jobs[3].metadata.name``, ``query.state``). Domain refusals map to
 status codes here, once: an invalid spec is 400, an idempotency key reused for another request
-422, a transition the job's state does not allow 409, a cap on waiting jobs 429.
+422, a transition the job's state does not allow (or a checkpoint of a job not running) 409, a
+cap on waiting jobs 429.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from scheduling.services.jobs import IdempotencyConflict, OperatorsOnly, TooManyPending
+from scheduling.services.jobs import IdempotencyConflict, NotActive, OperatorsOnly, TooManyPending
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 from scheduling.spec import SpecError
 
@@ -53,7 +54,7 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         response = _body(429, f"Too many waiting jobs: {exc}.")
         response["Retry-After"] = "30"
         return response
-    elif isinstance(exc, InvalidTransition | TransitionConflict):
+    elif isinstance(exc, InvalidTransition | TransitionConflict | NotActive):
         return _body(409, str(exc))
     elif isinstance(exc, OperatorsOnly):
         return _body(403, f"{str(exc)[0].upper()}{str(exc)[1:]}.")

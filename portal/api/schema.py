@@ -41,8 +41,12 @@ JOB_SPEC_SCHEMA = {
                         "nodes": {"type": "integer", "minimum": 1, "maximum": 4096},
                         "gpus": {
                             "oneOf": [
-                                {"type": "string", "description": "MODEL:COUNT, e.g. h100:8"},
-                                {"type": "integer", "enum": [0]},
+                                {
+                                    "type": "string",
+                                    "description": "MODEL:COUNT (h100:8), MODEL (one), or COUNT / "
+                                    "gpu:COUNT for any model",
+                                },
+                                {"type": "integer", "minimum": 0, "maximum": 64, "description": "any model"},
                                 {
                                     "type": "object",
                                     "required": ["model"],
@@ -50,6 +54,21 @@ JOB_SPEC_SCHEMA = {
                                     "properties": {
                                         "model": {"type": "string"},
                                         "count": {"type": "integer", "minimum": 0, "maximum": 64},
+                                    },
+                                },
+                                {
+                                    "type": "object",
+                                    "required": ["count"],
+                                    "additionalProperties": False,
+                                    "description": "any model; of models (best first) when given",
+                                    "properties": {
+                                        "count": {"type": "integer", "minimum": 0, "maximum": 64},
+                                        "models": {
+                                            "type": "array",
+                                            "items": {"type": "string"},
+                                            "maxItems": 16,
+                                            "uniqueItems": True,
+                                        },
                                     },
                                 },
                             ]
@@ -99,6 +118,24 @@ JOB_SPEC_SCHEMA = {
                 "retries": {"type": "integer", "minimum": 0, "maximum": 100},
                 "failover": {"type": "string", "enum": ["requeue", "hold", "fail"]},
                 "array": {"type": "string", "description": "0-99, 0-99:2 or 1,3,5"},
+                "preemptible": {"type": "boolean", "default": True},
+                "preemption": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "description": "How a preempted job is told before it is killed.",
+                    "properties": {
+                        "signal": {
+                            "type": "string",
+                            "enum": ["TERM", "INT", "HUP", "USR1", "USR2", "QUIT"],
+                            "description": "also SIGTERM, SIGUSR1…; default TERM",
+                        },
+                        "grace": {
+                            "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": 60}],
+                            "description": "30s, 2m (a bare number is minutes); at most the queue's "
+                            "preemptionGraceSeconds",
+                        },
+                    },
+                },
                 "sim": {
                     "type": "object",
                     "additionalProperties": False,

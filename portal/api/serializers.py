@@ -14,7 +14,7 @@ from clusters.choices import Identity
 from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from portal.choices import Scope
 from portal.models import ApiToken
-from scheduling.choices import SHORT_CODES, WAITING_STATES
+from scheduling.choices import SHORT_CODES, WAITING_STATES, JobState
 from scheduling.models import Job, JobEvent
 from scheduling.selectors import job_placement
 
@@ -34,6 +34,11 @@ class JobSerializer(serializers.ModelSerializer):
     exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     attempts = serializers.IntegerField(source="attempt_count")
     placement = serializers.SerializerMethodField()
+    preemptible = serializers.BooleanField()
+    gpuModel = serializers.SerializerMethodField()
+    gpuModels = serializers.SerializerMethodField()
+    checkpointedAt = serializers.DateTimeField(source="checkpointed_at", allow_null=True)
+    estimatedStart = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -57,6 +62,11 @@ class JobSerializer(serializers.ModelSerializer):
             "exitCode",
             "attempts",
             "placement",
+            "preemptible",
+            "gpuModel",
+            "gpuModels",
+            "checkpointedAt",
+            "estimatedStart",
         ]
         read_only_fields = fields
 
@@ -65,7 +75,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "string", "nullable": True})
     def get_reason(self, job: Job) -> str | None:
-        return job.reason if job.state in WAITING_STATES else None
+        return job.reason if job.state in _EXPLAINED_STATES else None
 
     @extend_schema_field({"type": "string", "nullable": True})
     def get_reasonMessage(self, job: Job) -> str | None:
@@ -78,6 +88,41 @@ class JobSerializer(serializers.ModelSerializer):
             "gpus": {"model": job.gpu_model.slug if job.gpu_model else None, "count": job.gpus_per_node},
             "cpuMillicores": job.cpu_millicores_per_node,
             "memoryBytes": job.memory_bytes_per_node,
+        }
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_gpuModel(self, job: Job) -> str | None:
+        """The model of the job's GPUs: the one it named, or for an any-model job the one the
+        scheduler chose when it placed it (null while it waits)."""
+        return job.gpu_model.slug if job.gpu_model else None
+
+    @extend_schema_field({"type": "array", "items": {"type": "string"}, "nullable": True})
+    def get_gpuModels(self, job: Job) -> list[str] | None:
+        """An any-model request's models, best first (empty: any model); null for a job that
+        named its model or asked for no GPUs."""
+        models = (job.placement or {}).get("gpuModels")
+        return list(models) if isinstance(models, list) else None
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "at": {"type": "string", "format": "date-time"},
+                "where": {"type": "string"},
+                "reserved": {"type": "boolean"},
+            },
+        }
+    )
+    def get_estimatedStart(self, job: Job) -> dict[str, Any] | None:
+        """When and where the scheduler expects a waiting job to start, and whether that is a
+        reservation (jobs behind it may not delay it); null when it has no estimate."""
+        if job.state not in WAITING_STATES or job.estimated_start_at is None:
+            return None
+        return {
+            "at": serializers.DateTimeField().to_representation(job.estimated_start_at),
+            "where": job.estimated_where,
+            "reserved": job.reserved,
         }
 
     @extend_schema_field({"type": "object", "nullable": True})
@@ -96,9 +141,13 @@ class JobSerializer(serializers.ModelSerializer):
         }
 
 
+# States whose reason is shown: waiting, and draining after a preemption (who preempted it).
+_EXPLAINED_STATES = WAITING_STATES | {JobState.PREEMPTED}
+
+
 def reason_sentence(job: Job) -> str | None:
-    """Why a job waits, in the scheduler's words (``None`` once it is placed)."""
-    if job.state not in WAITING_STATES:
+    """Why a job waits (or was preempted), in the scheduler's words (``None`` once it is placed)."""
+    if job.state not in _EXPLAINED_STATES:
         return job.reason_message or None if job.state == "SCHEDULED" else None
     return job.reason_message or _REASON_SENTENCES.get(job.reason, "")
 
@@ -107,6 +156,7 @@ _REASON_SENTENCES = {
     "None": "Waiting for the scheduler's next cycle.",
     "Held": "Held; release it to let it be scheduled.",
     "Requeued": "Requeued; waiting to be placed again.",
+    "Preempted": "Preempted by a job with a better claim; requeued.",
 }
 
 

@@ -72,7 +72,14 @@ from scheduling.selectors import (
     node_rows,
     queue_gpu_rows,
 )
-from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job, submit_jobs
+from scheduling.services.jobs import (
+    cancel_job,
+    checkpoint_job,
+    hold_job,
+    release_job,
+    requeue_job,
+    submit_jobs,
+)
 from scheduling.services.submission import build_requests
 from scheduling.spec import SpecError, parse_job_spec
 
@@ -261,11 +268,19 @@ class JobLogsView(APIView):
 
 
 class JobActionView(APIView):
-    """``POST jobs/{id}/cancel|hold|release|requeue``: owners, project managers and operators."""
+    """``POST jobs/{id}/cancel|hold|release|requeue|checkpoint``: owners, project managers and
+    operators. ``checkpoint`` stamps an active job as having just saved its work (409 for a job
+    that waits or has ended)."""
 
     throttle_classes = [SubmitThrottle]
     write_scope = Scope.SUBMIT
-    services = {"cancel": cancel_job, "hold": hold_job, "release": release_job, "requeue": requeue_job}
+    services = {
+        "cancel": cancel_job,
+        "hold": hold_job,
+        "release": release_job,
+        "requeue": requeue_job,
+        "checkpoint": checkpoint_job,
+    }
     verb = ""  # set per URL by as_view(verb=…)
 
     @extend_schema(
@@ -327,6 +342,10 @@ class QueueListView(APIView):
                 "maxPendingJobsPerUser": q.max_pending_jobs_per_user,
                 "maxMemberPriority": q.max_member_priority,
                 "maxTimeLimitSeconds": q.max_time_limit_s,
+                "preemptWithinQueue": q.preempt_within_queue,
+                "reclaimWithinCohort": q.reclaim_within_cohort,
+                "preemptionGraceSeconds": q.preemption_grace_s,
+                "gpuModelPreference": q.gpu_model_preference,
                 "gpus": [row | {"quota": row["quota"] or 0} for row in gpus[q.pk]],
                 "jobs": jobs.get(q.pk, {}),
             }

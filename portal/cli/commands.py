@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -18,6 +19,7 @@ from portal.cli.client import ApiError, Client
 
 POLL_S = 2.0
 FINAL_STATES = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED"}
+MAX_START_JOBS = 10_000  # pending jobs `jobs --start` reads to sort by expected start
 
 
 def _release() -> str:
@@ -99,6 +101,8 @@ def _wait(ids: list[int], api: Client) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     api = client_for(args)
+    if args.start:
+        return _pending_starts(args, api)
     params: dict[str, Any] = {
         "state": args.state,
         "project": args.project,
@@ -122,6 +126,37 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         time.sleep(POLL_S)
 
 
+def _pending_starts(args: argparse.Namespace, api: Client) -> int:
+    """``jobs --start``, as Slurm's ``squeue --start``: pending jobs by expected start (those
+    without an estimate last), when and where the scheduler expects each to start, and whether
+    that is a reservation. Every pending page is read (up to ``MAX_START_JOBS``), so the order
+    holds across pages."""
+    params: dict[str, Any] = {
+        "state": "PENDING",
+        "project": args.project,
+        "queue": args.queue,
+        "limit": 1000,
+    }
+    if not args.all_projects:
+        params["user"] = api.get("me")["username"]
+    while True:
+        page = api.get("jobs", **params)
+        jobs = page["results"]
+        while page.get("next") and len(jobs) < MAX_START_JOBS:
+            page = api.follow(page["next"])
+            jobs += page["results"]
+        jobs = render.by_expected_start(jobs)[: args.limit]
+        if args.output == "table":
+            if args.watch:
+                sys.stdout.write("\033[H\033[2J")
+            render.table(render.START_HEADERS, render.start_rows(jobs))
+        else:
+            render.dump(jobs, args.output)
+        if not args.watch:
+            return 0
+        time.sleep(POLL_S)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     job = client_for(args).get(f"jobs/{args.job_id}")
     if args.output == "text":
@@ -136,7 +171,10 @@ def cmd_action(args: argparse.Namespace) -> int:
     for job_id in args.job_ids:
         try:
             job = api.post(f"jobs/{job_id}/{args.verb}")
-            print(f"job {job_id}: {job['state']}")
+            if args.verb == "checkpoint":
+                print(f"job {job_id}: checkpoint recorded at {render.local_time(job['checkpointedAt'])}")
+            else:
+                print(f"job {job_id}: {job['state']}")
         except ApiError as exc:
             print(render.inert(f"job {job_id}: {exc}"), file=sys.stderr)
             failures += 1
@@ -284,8 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"orrery {_release()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], help_text: str, aliases: tuple[str, ...] = ()
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, aliases=aliases)
         p.set_defaults(func=func)
         return p
 
@@ -306,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("jobs", cmd_jobs, "List jobs (yours; --all-projects for your projects').")
     p.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s")
+    p.add_argument(
+        "--start",
+        action="store_true",
+        help="pending jobs by expected start: when and where each would start, reserved or not",
+    )
     p.add_argument("--all-projects", action="store_true")
     p.add_argument("--state", help="e.g. PENDING,RUNNING or PD,R")
     p.add_argument("--project")
@@ -314,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--limit", type=int, default=100)
     output(p)
 
-    p = add("show", cmd_show, "Show one job.")
+    p = add("show", cmd_show, "Show one job.", aliases=("job",))
     p.add_argument("job_id", type=int)
     output(p, ("text", "json", "yaml"))
 
@@ -327,6 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(verb, cmd_action, text)
         p.add_argument("job_ids", type=int, nargs="+", metavar="JOB_ID")
         p.set_defaults(verb=verb)
+
+    p = add(
+        "checkpoint",
+        cmd_action,
+        "Record that a running job has just saved its work (a preemption then loses less of it).",
+    )
+    p.add_argument(
+        "job_ids",
+        type=int,
+        nargs="*",
+        metavar="JOB_ID",
+        help="default: $ORRERY_JOB_ID, the job this runs in",
+    )
+    p.set_defaults(verb="checkpoint")
 
     raw = "print terminal control sequences as the job wrote them (colours, but also anything else)"
     p = add("logs", cmd_logs, "Print a job's output (terminal control sequences removed).")
@@ -355,7 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "verb", None) == "checkpoint" and not args.job_ids:
+        own = os.environ.get("ORRERY_JOB_ID", "")
+        if not (own.isascii() and own.isdigit()):
+            parser.error("checkpoint: give JOB_ID (or run it inside a job, where ORRERY_JOB_ID is set)")
+        args.job_ids = [int(own)]
     try:
         return args.func(args)
     except (ApiError, config.ConfigError, OSError) as exc:

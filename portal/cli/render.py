@@ -81,11 +81,20 @@ def time_used(job: dict[str, Any]) -> str:
     return duration((end - started).total_seconds())
 
 
+def local_time(value: str | None, default: str = "N/A") -> str:
+    """An API time in this machine's zone, as Slurm prints times (``2026-12-02T14:20:00``)."""
+    when = _time(value)
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if when else default
+
+
 def gpus(job: dict[str, Any]) -> str:
+    """``h100-80g:8`` per node (``2x…`` for a gang); an any-model job not yet placed shows the
+    models it allows, best first (``h100-80g|a100-80g:2``), or ``any:2``."""
     g = job["resources"]["gpus"]
     if not g["count"]:
         return "-"
-    per_node = f"{g['model']}:{g['count']}"
+    model = g["model"] or "|".join(job.get("gpuModels") or []) or "any"
+    per_node = f"{model}:{g['count']}"
     nodes = job["resources"]["nodes"]
     return per_node if nodes == 1 else f"{nodes}x{per_node}"
 
@@ -122,6 +131,54 @@ def job_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:
     ]
 
 
+START_HEADERS = ["JOBID", "NAME", "ST", "START_TIME", "WHERE", "RESERVED", "REASON"]
+
+
+def by_expected_start(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs by expected start, earliest first; those without an estimate last, by id."""
+
+    def key(job: dict[str, Any]) -> tuple[int, datetime, int]:
+        when = _time((job.get("estimatedStart") or {}).get("at"))
+        return (0, when, job["id"]) if when else (1, datetime.min.replace(tzinfo=UTC), job["id"])
+
+    return sorted(jobs, key=key)
+
+
+def start_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:
+    """``squeue --start``'s rows: when and where the scheduler expects each job to start."""
+    rows = []
+    for j in jobs:
+        estimate = j.get("estimatedStart") or {}
+        rows.append(
+            [
+                j["id"],
+                j["name"][:24],
+                j["stateCode"],
+                local_time(estimate.get("at")),
+                estimate.get("where") or "N/A",
+                "yes" if estimate.get("reserved") else "no",
+                f"({j['reason']})" if j.get("reason") else "",
+            ]
+        )
+    return rows
+
+
+def estimate(job: dict[str, Any]) -> str | None:
+    """``≈ 2026-12-02T14:20:00 on sim-b: node-3 (reserved)``, or None without an estimate."""
+    start = job.get("estimatedStart")
+    if not start:
+        return None
+    where = f" on {start['where']}" if start.get("where") else ""
+    return f"≈ {local_time(start['at'])}{where}" + (" (reserved)" if start.get("reserved") else "")
+
+
+def _preference(models: list[str] | None) -> str | None:
+    """An any-model request's models, best first ("any" when it allows every model)."""
+    if models is None:
+        return None  # the job named its model, or asked for no GPUs
+    return ",".join(models) or "any"
+
+
 def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
     fields = [
         ("JobId", job["id"]),
@@ -134,6 +191,10 @@ def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
         ("Why", job.get("reasonMessage")),
         ("Priority", job["priority"]),
         ("Gpus", gpus(job)),
+        ("GpuModels", _preference(job.get("gpuModels"))),
+        ("StartTime", estimate(job)),
+        ("Preemptible", "yes" if job.get("preemptible", True) else "no"),
+        ("Checkpointed", local_time(job.get("checkpointedAt"), "")),
         ("Nodes", job["resources"]["nodes"]),
         ("CpusPerNode", job["resources"]["cpuMillicores"] / 1000),
         ("MemoryPerNode", f"{job['resources']['memoryBytes'] / 2**30:g}Gi"),

@@ -1,4 +1,5 @@
-"""Writes on jobs that users and operators ask for: submit, cancel, hold, release, requeue.
+"""Writes on jobs that users and operators ask for: submit, cancel, hold, release, requeue, and
+the checkpoint stamp a running job sets when it has saved its work.
 
 The API, the CLI and the admin all call these; none of them changes a job any other way.
 Permission checks happen before, in ``portal.access``; these functions trust their caller.
@@ -18,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
+from django.utils import timezone
 
 from clusters.models import GpuModel
 from foundation import audit
@@ -54,6 +56,7 @@ class JobRequest:
     priority: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     placement: dict[str, Any] = field(default_factory=dict)
+    preemptible: bool = True
     retries: int = 0
     failover_policy: str = FailoverPolicy.HOLD
     spec: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +89,10 @@ class TooManyPending(Exception):
 
 class OperatorsOnly(Exception):
     """The action is reserved to operators (releasing an operator's or a failover hold)."""
+
+
+class NotActive(Exception):
+    """The job holds no placement (it waits, or it has ended): there is no work to stamp."""
 
 
 def submit_job(
@@ -179,6 +186,7 @@ def _new_job(
         command=request.command,
         spec=request.spec,
         placement=request.placement,
+        preemptible=request.preemptible,
         retries=request.retries,
         failover_policy=request.failover_policy,
         secret_env=sealed.get(id(request.secret_env), "") if request.secret_env else "",
@@ -352,6 +360,21 @@ def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
         audit_as=AuditAction.JOB_REQUEUE,
         only_from=ACTION_SOURCES["requeue"],
     )
+
+
+def checkpoint_job(job: Job, *, actor: AbstractBaseUser | None) -> Job:
+    """Record that the job has just saved its work: ``checkpointed_at`` = now. The scheduler
+    counts the work a preemption would lose from this stamp (or from the attempt's start, if
+    later), so a job that checkpoints often is the cheaper victim. Only while the job is active
+    (placed, running, or draining after a preemption — when a job checkpoints most); raises
+    ``NotActive`` otherwise. Not a transition: no event and no audit entry, as a job may stamp
+    every few minutes. Returns the job with the new stamp."""
+    now = timezone.now()
+    if not Job.objects.filter(pk=job.pk, state__in=ACTIVE_STATES).update(checkpointed_at=now):
+        state = Job.objects.values_list("state", flat=True).get(pk=job.pk)
+        raise NotActive(f"job {job.pk} is {state}: only a placed or running job can record a checkpoint")
+    job.checkpointed_at = now
+    return job
 
 
 def _by(actor: AbstractBaseUser | None, verb: str) -> str:

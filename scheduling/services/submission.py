@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from clusters.adapters.registry import ADAPTERS, adapter_for
-from clusters.models import Cluster, Node
+from clusters.models import Cluster, GpuModel, Node
 from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
 from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
@@ -21,7 +21,7 @@ def build_requests(
     *,
     owner: Any,
     path: str = "",
-    models: dict[str, Any] | None = None,
+    models: dict[Any, Any] | None = None,
     privileged: bool = False,
 ) -> list[JobRequest]:
     """One ``JobRequest`` per job the spec makes (an array makes many); raises ``SpecError``.
@@ -32,28 +32,9 @@ def build_requests(
     p = f"{path}." if path else ""
     errors = queue_limit_errors(spec, queue, privileged=privileged, path=path)
     time_limit_s = spec.time_limit_s if spec.time_limit_s is not None else queue.max_time_limit_s
-    gpu_model = None
-    if spec.gpus.count:
-        models = {} if models is None else models
-        name = spec.gpus.model or ""
-        if name not in models:
-            models[name] = resolve_gpu_model(name)
-        gpu_model = models[name]
-        if gpu_model is None:
-            errors.append((f"{p}spec.resources.gpus", f"unknown GPU model '{spec.gpus.model}'"))
-        else:
-            fits = sum(
-                n for gpus, n in gpu_capacity_histogram(gpu_model.pk).items() if gpus >= spec.gpus.count
-            )
-            if fits < spec.nodes:
-                most = max(gpu_capacity_histogram(gpu_model.pk) or {0: 0})
-                errors.append(
-                    (
-                        f"{p}spec.resources.gpus",
-                        f"{spec.nodes} node(s) with {spec.gpus.count} {gpu_model.slug} each can never run: "
-                        f"{fits} node(s) in the fleet have that many (the most on one node is {most})",
-                    )
-                )
+    models = {} if models is None else models
+    gpu_model, gpu_models, gpu_errors = resolve_gpus(spec, models, path=path)
+    errors += gpu_errors
     if spec.clusters:
         known = set(Cluster.objects.filter(name__in=spec.clusters).values_list("name", flat=True))
         errors += [
@@ -73,19 +54,22 @@ def build_requests(
         if refusal:
             errors.append((f"{p}spec.image", refusal))
     if not errors:
-        memo = {} if models is None else models  # one batch: same owner, often the same clusters
-        key = ("accounts", tuple(clusters), bool(spec.clusters))
-        if key not in memo:
-            memo[key] = account_clusters(owner, clusters, explicit=bool(spec.clusters))
-        clusters, refusals = memo[key]
+        key = ("accounts", tuple(clusters), bool(spec.clusters))  # a batch: one owner, few clusters
+        if key not in models:
+            models[key] = account_clusters(owner, clusters, explicit=bool(spec.clusters))
+        clusters, refusals = models[key]
         clusters = list(clusters)
         errors += [(f"{p}{field}", why) for field, why in refusals]
     if errors:
         raise SpecError(errors)
 
-    normalised = normalised_spec(spec, queue, gpu_model.slug if gpu_model else None)
+    slugs = [m.slug for m in gpu_models]
+    normalised = normalised_spec(spec, queue, gpu_model.slug if gpu_model else None, slugs)
     normalised["placement"]["clusters"] = clusters
     normalised["placement"]["nodeSelector"] = selector
+    placement: dict[str, Any] = {"clusters": clusters, "nodeSelector": selector}
+    if spec.gpus.any_model:
+        placement["gpuModels"] = slugs  # best first; empty: any model, in the queue's order
     base = dict(
         queue=queue,
         gpu_model=gpu_model,
@@ -96,7 +80,8 @@ def build_requests(
         time_limit_s=time_limit_s,
         command=spec.run,
         priority=spec.priority,
-        placement={"clusters": clusters, "nodeSelector": selector},
+        placement=placement,
+        preemptible=spec.preemptible,
         retries=spec.retries,
         failover_policy=spec.failover,
         secret_env=spec.secret_env,
@@ -115,11 +100,73 @@ def build_requests(
     return requests
 
 
+def resolve_gpus(
+    spec: JobSpec, memo: dict[Any, Any], *, path: str = ""
+) -> tuple[GpuModel | None, list[GpuModel], list[tuple[str, str]]]:
+    """The GPU model a spec names (or None), the models an any-model request allows (its
+    ``models`` resolved, best first; empty for any model), and the refusals: an unknown model,
+    or a request no node of the fleet could ever hold — for any model, none of the allowed
+    models has enough nodes with that many GPUs. ``memo`` keeps lookups across a batch."""
+    if not spec.gpus.count:
+        return None, [], []
+    where = f"{path}.spec.resources.gpus" if path else "spec.resources.gpus"
+
+    def lookup(name: str) -> GpuModel | None:
+        if name not in memo:
+            memo[name] = resolve_gpu_model(name)
+        return memo[name]
+
+    if not spec.gpus.any_model:
+        gpu_model = lookup(spec.gpus.model or "")
+        if gpu_model is None:
+            return None, [], [(where, f"unknown GPU model '{spec.gpus.model}'")]
+        fits = _nodes_that_fit(gpu_model, spec.gpus.count)
+        if fits >= spec.nodes:
+            return gpu_model, [], []
+        most = max(gpu_capacity_histogram(gpu_model.pk) or {0: 0})
+        why = (
+            f"{spec.nodes} node(s) with {spec.gpus.count} {gpu_model.slug} each can never run: "
+            f"{fits} node(s) in the fleet have that many (the most on one node is {most})"
+        )
+        return gpu_model, [], [(where, why)]
+
+    allowed: list[GpuModel] = []
+    errors = []
+    for i, name in enumerate(spec.gpus.models):
+        found = lookup(name)
+        if found is None:
+            errors.append((f"{where}.models[{i}]", f"unknown GPU model '{name}'"))
+        elif found not in allowed:  # an alias and its slug are one model
+            allowed.append(found)
+    if errors:
+        return None, [], errors
+    if ("catalog",) not in memo:
+        memo[("catalog",)] = list(GpuModel.objects.order_by("slug"))
+    candidates = allowed or memo[("catalog",)]
+    fits = max((_nodes_that_fit(m, spec.gpus.count) for m in candidates), default=0)
+    if fits < spec.nodes:
+        which = f"any of {', '.join(m.slug for m in allowed)}" if allowed else "any model"
+        most = max((max(gpu_capacity_histogram(m.pk) or {0: 0}) for m in candidates), default=0)
+        why = (
+            f"{spec.nodes} node(s) with {spec.gpus.count} GPUs of one model ({which}) each can never "
+            f"run: at most {fits} node(s) in the fleet have that many of one model (the most of one "
+            f"model on one node is {most})"
+        )
+        errors.append((where, why))
+    return None, allowed, errors
+
+
+def _nodes_that_fit(gpu_model: GpuModel, count: int) -> int:
+    """How many nodes of the fleet, whatever their state, have ``count`` GPUs of the model."""
+    return sum(n for gpus, n in gpu_capacity_histogram(gpu_model.pk).items() if gpus >= count)
+
+
 def queue_limit_errors(
     spec: JobSpec, queue: Queue, *, privileged: bool, path: str = ""
 ) -> list[tuple[str, str]]:
     """What the queue does not allow: a priority above its limit for members (managers and
-    operators may go up to the spec's own bound), a time limit above its longest."""
+    operators may go up to the spec's own bound), a time limit above its longest, a grace period
+    on preemption above its own."""
     p = f"{path}." if path else ""
     errors = []
     if spec.priority > queue.max_member_priority and not privileged:
@@ -136,6 +183,15 @@ def queue_limit_errors(
                 f"{p}spec.timeLimit",
                 f"queue {queue} allows at most {queue.max_time_limit_s} seconds; ask for less or use "
                 "another queue",
+            )
+        )
+    grace = spec.preemption_grace_s
+    if grace is not None and grace > queue.preemption_grace_s:
+        errors.append(
+            (
+                f"{p}spec.preemption.grace",
+                f"queue {queue} gives a preempted job at most {queue.preemption_grace_s} seconds between "
+                "its signal and the kill; ask for less (a bare number is minutes: write e.g. 30s)",
             )
         )
     return errors
@@ -216,8 +272,15 @@ def account_clusters(
     ]
 
 
-def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[str, Any]:
-    """The spec as Orrery understood it, in base units, stored on the job and shown back."""
+def normalised_spec(
+    spec: JobSpec, queue: Queue, gpu_model: str | None, gpu_models: list[str] | None = None
+) -> dict[str, Any]:
+    """The spec as Orrery understood it, in base units, stored on the job and shown back. An
+    any-model request shows ``models`` (slugs, best first; empty: any); ``preemption`` is what
+    ``scheduling.services.preemption.stop_terms`` reads (``graceSeconds`` None: the queue's)."""
+    gpus: dict[str, Any] = {"model": gpu_model, "count": spec.gpus.count}
+    if spec.gpus.any_model:
+        gpus = {"model": None, "models": list(gpu_models or []), "count": spec.gpus.count}
     return {
         "apiVersion": "orrery/v1",
         "kind": "Job",
@@ -226,7 +289,7 @@ def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[
         "priority": spec.priority,
         "resources": {
             "nodes": spec.nodes,
-            "gpus": {"model": gpu_model, "count": spec.gpus.count},
+            "gpus": gpus,
             "cpuMillicores": spec.cpu_millicores,
             "memoryBytes": spec.memory_bytes,
         },
@@ -241,4 +304,6 @@ def normalised_spec(spec: JobSpec, queue: Queue, gpu_model: str | None) -> dict[
         "retries": spec.retries,
         "failover": spec.failover,
         "sim": {"durationSeconds": spec.sim_duration_s, "exitCode": spec.sim_exit_code},
+        "preemptible": spec.preemptible,
+        "preemption": {"signal": spec.preemption_signal, "graceSeconds": spec.preemption_grace_s},
     }

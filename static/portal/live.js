@@ -93,6 +93,13 @@ const Orrery = (() => {
       const why = $("#job-why");
       why.textContent = job.reasonMessage || "";
       why.hidden = !job.reasonMessage;
+      const estimate = $("#job-estimate");
+      const start = job.estimatedStart;
+      estimate.textContent = start
+        ? `Would start ≈ ${new Date(start.at).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })}` +
+          `${start.where ? ` on ${start.where}` : ""} — ${start.reserved ? "reserved" : "an estimate, not a reservation"}`
+        : "";
+      estimate.hidden = !start;
       if (allowed) {
         box.innerHTML = Object.keys(ACTIONS).filter((a) => ACTIONS[a].includes(job.state))
           .map((a) => `<button type="button" data-action="${a}" class="${a === "cancel" ? "danger" : ""}">${a[0].toUpperCase() + a.slice(1)}</button>`).join("");
@@ -158,7 +165,8 @@ const Orrery = (() => {
       const [project, queue] = f.get("queue").split("/");
       const gpus = Number(f.get("gpus") || 0);
       const spec = {
-        resources: {gpus: gpus ? `${f.get("model")}:${gpus}` : 0, nodes: Number(f.get("nodes") || 1)},
+        // No model chosen: GPUs of any model (the scheduler picks one when it places the job).
+        resources: {gpus: gpus && f.get("model") ? `${f.get("model")}:${gpus}` : gpus, nodes: Number(f.get("nodes") || 1)},
         queue, run: f.get("run"),
       };
       if (f.get("timeLimit")) spec.timeLimit = f.get("timeLimit");

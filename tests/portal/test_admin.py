@@ -124,6 +124,138 @@ def test_negative_quota_is_a_form_error(console, queue):
     assert not QueueQuota.objects.filter(queue=queue).exists()
 
 
+def _queue_form(queue, **changes) -> dict:
+    data = {
+        "project": queue.project_id,
+        "name": queue.name,
+        "priority": 0,
+        "fair_share_weight": 1.0,
+        "cohort": "",
+        "max_member_priority": queue.max_member_priority,
+        "preempt_within_queue": "never",
+        "reclaim_within_cohort": "never",
+        "preemption_grace_s": 30,
+        "gpu_model_preference": "",
+        "quotas-TOTAL_FORMS": 0,
+        "quotas-INITIAL_FORMS": 0,
+    }
+    return data | changes
+
+
+def test_a_queues_preemption_settings_are_edited_in_the_console(console, queue):
+    url = reverse("admin:scheduling_queue_change", args=[queue.pk])
+    for alias in ("h100", "a100"):
+        gpu_model(alias)  # in the catalog
+    response = console.post(
+        url,
+        _queue_form(
+            queue,
+            preempt_within_queue="lower_priority",
+            reclaim_within_cohort="any",
+            preemption_grace_s=120,
+            gpu_model_preference=" h100 , a100-80g,",
+        ),
+    )
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    queue.refresh_from_db()
+    assert (
+        queue.preempt_within_queue,
+        queue.reclaim_within_cohort,
+        queue.preemption_grace_s,
+        queue.gpu_model_preference,
+    ) == ("lower_priority", "any", 120, ["h100-80g", "a100-80g"])
+    page = console.get(url).content.decode()
+    assert 'value="h100-80g, a100-80g"' in page  # shown back as typed: slugs, best first
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"preemption_grace_s": 3601}, "less than or equal to 3600"),
+        ({"preemption_grace_s": -1}, "greater than or equal to 0"),
+        ({"preemption_grace_s": "soon"}, "Enter a whole number"),
+        ({"gpu_model_preference": "h100, z9000"}, "Unknown GPU model &#x27;z9000&#x27;"),
+        ({"gpu_model_preference": "h100, h100-80g"}, "is h100-80g, listed already"),
+        ({"gpu_model_preference": ",".join(f"m{i}" for i in range(17))}, "List at most 16 GPU models"),
+        ({"preempt_within_queue": "always"}, "Select a valid choice"),
+        ({"reclaim_within_cohort": "sometimes"}, "Select a valid choice"),
+    ],
+    ids=[
+        "grace-over-an-hour",
+        "grace-negative",
+        "grace-words",
+        "unknown-model",
+        "alias-twice",
+        "too-many",
+        "bad-preempt-rule",
+        "bad-reclaim-rule",
+    ],
+)
+def test_bad_preemption_settings_are_form_errors(console, queue, changes, message):
+    gpu_model("h100")
+    url = reverse("admin:scheduling_queue_change", args=[queue.pk])
+    response = console.post(url, _queue_form(queue, **changes))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    queue.refresh_from_db()
+    assert (queue.preemption_grace_s, queue.gpu_model_preference, queue.preempt_within_queue) == (
+        30,
+        [],
+        "never",
+    )
+
+
+def test_a_jobs_estimate_and_checkpoint_are_shown_read_only(console, alice, queue):
+    from django.utils import timezone
+
+    from scheduling.models import Job
+
+    job = make_job(
+        alice,
+        queue,
+        gpus=2,
+        estimated_start_at=timezone.now(),
+        estimated_where="sim-b: node-3",
+        reserved=True,
+        checkpointed_at=timezone.now(),
+        preemptible=False,
+        placement={"gpuModels": ["h100-80g", "a100-80g"]},
+    )
+    Job.objects.filter(pk=job.pk).update(gpu_model=None)
+    page = console.get(reverse("admin:scheduling_job_change", args=[job.pk])).content.decode()
+    for label in ("Preemptible", "Checkpointed at", "Estimated start at", "Estimated where", "Reserved"):
+        assert f"<label>{label}:</label>" in page, label
+    assert "sim-b: node-3" in page
+    for name in ("preemptible", "checkpointed_at", "estimated_start_at", "estimated_where", "reserved"):
+        assert f'name="{name}"' not in page, name  # no input for any of them
+    listing = console.get(
+        reverse("admin:scheduling_job_changelist"), {"reserved__exact": "1"}
+    ).content.decode()
+    assert "2×h100-80g|a100-80g" in listing
+
+
+def test_the_scheduler_page_shows_reserved_preempted_and_backfilled_per_cycle(console):
+    from django.core.cache import cache
+
+    from scheduling.engine.cycle import RECENT_CYCLES_KEY
+
+    base = {"at": 0, "ms": 1.0, "placed": 5, "lost": 0, "blocked": 0, "pending": 0, "phases": {}}
+    cache.set(
+        RECENT_CYCLES_KEY,
+        [
+            base | {"epoch": 7},  # recorded before these counts existed
+            base | {"epoch": 8, "reserved": 31, "preempted": 29, "backfilled": 37},
+        ],
+    )
+    try:
+        page = console.get("/admin/scheduler/").content.decode()
+    finally:
+        cache.delete(RECENT_CYCLES_KEY)
+    assert "<th>Backfilled</th><th>Reserved</th><th>Preempted</th>" in page
+    assert "<td>5</td><td>37</td><td>31</td><td>29</td>" in page
+    assert "<td>5</td><td>0</td><td>0</td><td>0</td>" in page
+
+
 def test_drain_action_goes_through_the_service(console, world, node):
     response = console.post(
         reverse("admin:clusters_node_changelist"),

@@ -39,11 +39,11 @@ def cli(live_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
     env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml")}
 
-    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    def run(*args: str, stdin: str | None = None, **more_env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "portal.cli.commands", *args],
             input=stdin,
-            env=env,
+            env=env | more_env,
             capture_output=True,
             text=True,
             timeout=60,
@@ -144,6 +144,145 @@ def test_tokens_lists_scopes_expiry_and_last_use(cli):
     assert "read,submit" in row and "never" not in row  # the login used it
     as_json = json.loads(cli("tokens", "-o", "json").stdout)
     assert as_json[0]["scopes"] == ["read", "submit"] and as_json[0]["expiresAt"]
+
+
+# --- predicted starts, preemption, checkpoints -------------------------------------------------
+
+LOCAL = "Asia/Kolkata"  # UTC+05:30, so a time shown in UTC would not pass for local time
+
+
+def _alices_queue() -> tuple[object, Queue]:
+    return get_user_model().objects.get(username="alice"), Queue.objects.get(project__name="vision")
+
+
+def _local(when) -> str:
+    from zoneinfo import ZoneInfo
+
+    return when.astimezone(ZoneInfo(LOCAL)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def test_jobs_start_lists_pending_jobs_by_expected_start(cli):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.choices import JobState, PendingReason
+
+    alice, queue = _alices_queue()
+    now = timezone.now()
+    later = make_job(
+        alice, queue, name="later", estimated_start_at=now + timedelta(hours=2), estimated_where="sim-a"
+    )
+    soon = make_job(
+        alice,
+        queue,
+        name="soon",
+        estimated_start_at=now + timedelta(minutes=20),
+        estimated_where="sim-a:a-n001",
+        reserved=True,
+        reason="Resources",
+    )
+    unknown = make_job(alice, queue, name="unknown", reason=PendingReason.PREEMPTED)
+    make_job(alice, queue, name="running", state=JobState.RUNNING)
+
+    result = cli("jobs", "--start", TZ=LOCAL)
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["JOBID", "NAME", "ST", "START_TIME", "WHERE", "RESERVED", "REASON"]
+    assert [row.split()[:3] for row in rows] == [
+        [str(soon.pk), "soon", "PD"],
+        [str(later.pk), "later", "PD"],
+        [str(unknown.pk), "unknown", "PD"],
+    ]
+    assert rows[0].split()[3:] == [_local(soon.estimated_start_at), "sim-a:a-n001", "yes", "(Resources)"]
+    assert rows[1].split()[3:] == [_local(later.estimated_start_at), "sim-a", "no", "(None)"]
+    assert rows[2].split()[3:] == ["N/A", "N/A", "no", "(Preempted)"]
+
+    as_json = json.loads(cli("jobs", "--start", "-o", "json").stdout)
+    assert [j["id"] for j in as_json] == [soon.pk, later.pk, unknown.pk]
+    assert as_json[0]["estimatedStart"]["reserved"] is True
+
+
+def test_jobs_start_reads_every_page_before_sorting(cli):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    alice, queue = _alices_queue()
+    now = timezone.now()
+    # The oldest job starts first: on the last page of the newest-first list.
+    first = make_job(alice, queue, name="first", estimated_start_at=now + timedelta(minutes=1))
+    for i in range(1005):
+        make_job(alice, queue, name=f"sweep-{i}", estimated_start_at=now + timedelta(hours=1, seconds=i))
+    rows = cli("jobs", "--start", "-n", "3").stdout.splitlines()[1:]
+    assert len(rows) == 3 and rows[0].split()[:2] == [str(first.pk), "first"]
+
+
+def test_show_gives_the_estimate_the_preference_and_why_it_was_preempted(cli):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.models import Job
+
+    alice, queue = _alices_queue()
+    at = timezone.now() + timedelta(minutes=30)
+    job = make_job(
+        alice,
+        queue,
+        gpus=2,
+        reason="Preempted",
+        reason_message="preempted by job 42 (priority 100 over 0); requeued",
+        estimated_start_at=at,
+        estimated_where="sim-a: a-n001",
+        reserved=True,
+        preemptible=True,
+    )
+    Job.objects.filter(pk=job.pk).update(gpu_model=None, placement={"gpuModels": ["h100-80g", "a100-80g"]})
+    shown = cli("job", str(job.pk), TZ=LOCAL)  # `job` is `show`
+    assert shown.returncode == 0, shown.stderr
+    lines = {
+        line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in shown.stdout.splitlines()
+    }
+    assert lines["Reason"] == "Preempted"
+    assert lines["Why"] == "preempted by job 42 (priority 100 over 0); requeued"
+    assert lines["StartTime"] == f"≈ {_local(at)} on sim-a: a-n001 (reserved)"
+    assert (lines["Gpus"], lines["GpuModels"], lines["Preemptible"]) == (
+        "h100-80g|a100-80g:2",
+        "h100-80g,a100-80g",
+        "yes",
+    )
+    listing = cli("jobs").stdout
+    assert "h100-80g|a100-80g:2" in listing and "(Preempted)" in listing
+
+
+def test_checkpoint_stamps_a_running_job(cli):
+    from clusters.models import Node
+    from scheduling.choices import JobState
+    from scheduling.models import Job
+    from scheduling.services.allocations import NodePlacement, bind_job
+    from scheduling.services.transitions import transition_job
+
+    alice, queue = _alices_queue()
+    job = make_job(alice, queue, gpus=8)
+    bind_job(job, [NodePlacement(Node.objects.get(), range(8))])
+    transition_job(job.pk, JobState.RUNNING)
+    done = cli("checkpoint", str(job.pk))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"job {job.pk}: checkpoint recorded at ")
+    first = Job.objects.get(pk=job.pk).checkpointed_at
+    assert first is not None
+    # Inside the job, without an id: ORRERY_JOB_ID says which.
+    inside = cli("checkpoint", ORRERY_JOB_ID=str(job.pk))
+    assert inside.returncode == 0, inside.stderr
+    assert Job.objects.get(pk=job.pk).checkpointed_at > first
+
+    waiting = make_job(alice, queue)
+    refused = cli("checkpoint", str(waiting.pk))
+    assert refused.returncode == 1 and "409" in refused.stderr and "PENDING" in refused.stderr
+    assert Job.objects.get(pk=waiting.pk).checkpointed_at is None
+    nothing = cli("checkpoint")
+    assert nothing.returncode == 2 and "ORRERY_JOB_ID" in nothing.stderr
 
 
 # --- the token stays with its server --------------------------------------------------------------

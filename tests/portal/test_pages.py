@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.core.cache import cache
+from django.utils import timezone
 
 from scheduling.choices import JobState
 from scheduling.models import Job
@@ -127,6 +130,79 @@ def test_cluster_cards_count_running_and_the_jobs_waiting_for_them(signed_in, al
     make_job(alice, queue, placement={"clusters": [], "nodeSelector": {}})
     page = signed_in.get("/clusters/").content.decode()
     assert "<strong>1</strong> waiting for it" in page and "3 job(s) waiting across the fleet" in page
+
+
+# --- predicted starts and preemption -------------------------------------------------------------
+
+
+def _estimated(alice, queue, at, **fields):
+    return make_job(alice, queue, estimated_start_at=at, estimated_where="sim-b: node-3, node-4", **fields)
+
+
+def test_the_job_page_says_when_and_where_a_waiting_job_would_start(signed_in, alice, queue):
+    at = timezone.now().replace(second=0, microsecond=0)
+    reserved = _estimated(alice, queue, at, reserved=True)
+    page = signed_in.get(f"/jobs/{reserved.pk}/").content.decode()
+    assert f"Would start ≈ {at:%H:%M} UTC on sim-b: node-3, node-4 — reserved" in page
+    later = at + timedelta(days=3)
+    estimate = _estimated(alice, queue, later)
+    page = signed_in.get(f"/jobs/{estimate.pk}/").content.decode()
+    assert (
+        f"Would start ≈ {later:%b} {later.day}, {later:%H:%M} UTC on sim-b: node-3, node-4 — an estimate, "
+        "not a reservation"
+    ) in page
+
+
+def test_a_job_without_an_estimate_or_no_longer_waiting_shows_none(signed_in, alice, queue):
+    waiting = make_job(alice, queue)
+    assert 'id="job-estimate" hidden' in signed_in.get(f"/jobs/{waiting.pk}/").content.decode()
+    running = _estimated(alice, queue, timezone.now(), state=JobState.RUNNING)
+    page = signed_in.get(f"/jobs/{running.pk}/").content.decode()
+    assert 'id="job-estimate" hidden' in page and "Would start" not in page
+
+
+def test_the_job_page_says_who_preempted_a_job(signed_in, alice, queue):
+    draining = make_job(
+        alice,
+        queue,
+        state=JobState.PREEMPTED,
+        reason="Preempted",
+        reason_message="preempted by job 42 (priority)",
+    )
+    page = signed_in.get(f"/jobs/{draining.pk}/").content.decode()
+    assert 'class="why" id="job-why" >preempted by job 42 (priority)' in page
+    requeued = make_job(alice, queue, reason="Preempted", reason_message="preempted by job 42; requeued")
+    assert "preempted by job 42; requeued" in signed_in.get(f"/jobs/{requeued.pk}/").content.decode()
+
+
+def test_the_job_page_shows_an_any_model_request_and_preemptibility(signed_in, alice, queue):
+    job = make_job(alice, queue, gpus=2, preemptible=False, placement={"gpuModels": ["h100-80g", "a100-80g"]})
+    Job.objects.filter(pk=job.pk).update(gpu_model=None)
+    page = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert "1 node(s) × 2 any of h100-80g, a100-80g" in page
+    assert "no — never preempted" in page
+    Job.objects.filter(pk=job.pk).update(placement={"gpuModels": []})
+    assert "× 2 any model" in signed_in.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_the_submit_form_offers_gpus_of_any_model(signed_in):
+    assert '<option value="">any model</option>' in signed_in.get("/submit/").content.decode()
+
+
+def test_the_jobs_list_shows_reasons_and_predicted_starts_and_sorts_by_them(signed_in, alice, queue):
+    now = timezone.now().replace(second=0, microsecond=0)
+    late = _estimated(alice, queue, now + timedelta(hours=2), name="late-one")
+    soon = _estimated(alice, queue, now, reserved=True, name="soon-one", reason="Resources")
+    none = make_job(alice, queue, name="no-estimate", reason="Preempted", reason_message="preempted by job 9")
+    page = signed_in.get("/jobs/").content.decode()
+    assert f"Would start ≈ {now:%H:%M} UTC on sim-b: node-3, node-4 — reserved" in page
+    assert 'title="preempted by job 9"><span class="muted">Preempted</span>' in page
+    by_start = signed_in.get("/jobs/?sort=start").content.decode()
+    order = [by_start.index(f'data-job="{j.pk}"') for j in (soon, late, none)]
+    assert order == sorted(order)  # soonest first, no estimate last
+    by_start_desc = signed_in.get("/jobs/?sort=-start").content.decode()
+    order = [by_start_desc.index(f'data-job="{j.pk}"') for j in (late, soon, none)]
+    assert order == sorted(order)
 
 
 @pytest.mark.parametrize(
