@@ -50,12 +50,13 @@ def test_the_check_catches_a_forbidden_import(tmp_path):
 
 
 # A plugin sees the job and the snapshot and returns a value: it may import the engine's
-# framework and snapshot, the choices modules, numpy and the standard library, and nothing else
-# (no models, no cache, no adapters, no other plugin).
+# framework, snapshot and timeline (numpy over the snapshot), the choices modules, numpy and the
+# standard library, and nothing else (no models, no cache, no adapters, no other plugin).
 PLUGINS = ("scheduling", "engine", "plugins")
 PLUGIN_MAY_IMPORT = {
     "scheduling.engine.framework",
     "scheduling.engine.snapshot",
+    "scheduling.engine.timeline",
     "scheduling.choices",
     "clusters.choices",
     "numpy",
