@@ -279,6 +279,7 @@ class SchedulerCache:
         """(Re)read what backfill and preemption need of jobs holding resources."""
         if not job_ids:
             return
+        changed = False
         preempting = {
             job_id: (asked.timestamp() + (grace or 0))
             for job_id, asked, grace in JobAttempt.objects.filter(
@@ -311,12 +312,12 @@ class SchedulerCache:
         ):
             counted = self.held.get(pk)
             if counted is None:
-                self.runs.pop(pk, None)
+                changed |= self.runs.pop(pk, None) is not None
                 continue
             at = placed.get(pk) or started
             if started is not None and at is not None and started > at:
                 at = started
-            self.runs[pk] = Run(
+            run = Run(
                 queue=queue_id,
                 model=self.job_queue.get(pk, (0, -1))[1],
                 priority=priority,
@@ -327,7 +328,11 @@ class SchedulerCache:
                 draining_until=preempting.get(pk) if state == JobState.PREEMPTED else None,
                 rows=_rows_of(counted),
             )
-        self.runs_version += 1
+            if self.runs.get(pk) != run:
+                self.runs[pk] = run
+                changed = True
+        if changed:
+            self.runs_version += 1  # backfill's timeline and kept verdicts follow it
 
     def note_end(self, job_id: int, at: float) -> None:
         """A job ended on its own (succeeded, failed, timed out): learn from its run time how much
