@@ -91,27 +91,38 @@ def synthetic(policy: str, hours: float, seed: int) -> dict:
 
 
 def stress(policy: str, hours: float, seed: int) -> dict:
-    """A fleet kept full of 1-GPU jobs (a backlog at t=0, then arrivals at 1.1 × capacity),
-    and after half an hour a 64-GPU gang of a higher priority."""
-    from scheduling.engine.replay import Fleet, Replay, TraceJob, synthetic_trace
+    """A fleet kept full of short 1-GPU jobs (run times log-normal around 20 minutes, at most 2
+    hours; limits up to twice that, at most 4 hours: a backlog at t=0, then arrivals at 1.5 ×
+    capacity), and after half an hour a 64-GPU gang of a higher priority."""
+    import math
+    import random
+
+    from scheduling.engine.replay import Fleet, Replay, TraceJob
 
     fleet = Fleet(nodes=16, models=("h100-80g",))
     replay = Replay(fleet, profile_for(policy), queues_for(policy, {}, ids=(1,)))
-    stream = synthetic_trace(fleet, hours=hours, load=1.1, seed=seed, queues=(1,), any_model=0, urgent=0)
-    small = [TraceJob(j.id, j.submit, 1, 1, 1, 0, j.runtime, j.limit) for j in stream]
-    backlog = [
-        TraceJob(10**5 + i, 0.0, 1, 1, 1, 0, j.runtime, j.limit)
-        for i, j in enumerate(synthetic_trace(fleet, hours=hours, seed=seed + 1)[: fleet.total_gpus * 2])
-    ]
+    rnd = random.Random(seed)
+
+    def small(job_id: int, at: float) -> TraceJob:
+        run = min(math.exp(rnd.gauss(math.log(1200), 1.0)), 7200.0)
+        return TraceJob(
+            job_id, at, 1, 1, 1, 0, run, float(min(math.ceil(run / rnd.uniform(0.5, 0.9) / 900) * 900, 14400))
+        )
+
+    jobs = [small(10**5 + i, 0.0) for i in range(fleet.total_gpus * 2)]
+    mean_run = sum(j.runtime for j in jobs) / len(jobs)
+    rate, at = 1.5 * fleet.total_gpus / mean_run, 0.0
+    while (at := at + rnd.expovariate(rate)) < hours * 3600:
+        jobs.append(small(len(jobs) + 1, at))
     gang = TraceJob(10**6, 1800.0, 1, 8, 8, 0, 3600.0, 7200.0, priority=10)
-    figures = replay.run([*backlog, *small, gang], until=hours * 3600 * 3)
+    figures = replay.run([*jobs, gang], until=hours * 3600 * 3)
     wait = replay.wait_of(gang.id)
     return {
         "gang_wait_s": round(wait, 1) if wait is not None else None,
         "gang_started": wait is not None,
         "preemptions": figures["preemptions"],
         "utilisation": figures["utilisation"],
-    }
+    }  # fmt: skip
 
 
 def reclaim(policy: str) -> dict:
