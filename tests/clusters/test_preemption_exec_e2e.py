@@ -163,7 +163,7 @@ def test_a_job_that_ignores_its_signal_is_killed_when_its_grace_ends(lab):
     assert fresh.reason_message == f"{WHO}; requeued (SIGTERM, then killed after its 2 s grace)"
     attempt.refresh_from_db()
     assert (attempt.state, attempt.exit_code) == (AttemptState.PREEMPTED, None)
-    assert not lab.pids(attempt)
+    wait(lambda: not lab.pids(attempt), "the killed processes to be gone", timeout=5)
 
 
 def test_the_signal_a_job_asks_for_is_the_one_it_gets(lab):
