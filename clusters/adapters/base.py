@@ -21,6 +21,10 @@ The operations, each idempotent:
   (``Synced.orphans``: the dispatcher cancels those — cancelling is level-triggered);
 * ``cancel(cluster, remote_ids)`` stops jobs on the cluster; returns how many it stopped.
 
+A kind that can ask a running job to stop on its own — a signal, then a grace period before the
+cluster kills it, what a preemption needs — also answers ``SupportsSignal``; for any other kind
+``signal_or_cancel`` cancels at once.
+
 Adding a kind is one module beside this one, one line in ``registry.py`` and one parameter of
 the contract suite (``tests/test_adapters.py``).
 """
@@ -75,6 +79,22 @@ class Simulation:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """A preemption of a running attempt: send ``signal`` (a name without ``SIG``: ``TERM``,
+    ``USR1``…), then kill it once ``grace_s`` seconds have passed since ``requested_at`` (epoch
+    seconds). ``signalled_at`` is when a polled cluster's job was sent the signal (None: not yet)."""
+
+    signal: str
+    grace_s: int
+    requested_at: float
+    signalled_at: float | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.requested_at + self.grace_s
+
+
+@dataclass(frozen=True)
 class Work:
     """One attempt as its cluster must run it: where, what, for how long.
 
@@ -105,6 +125,8 @@ class Work:
     #: The names in ``env`` whose values are secret (the job's ``secretEnv``): a kind that can
     #: keep them apart from the job's definition does (Kubernetes: a Secret object).
     secret_names: frozenset[str] = frozenset()
+    #: Set when the attempt was preempted: it is to stop (``Stop``), never to start.
+    stop: Stop | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -215,6 +237,27 @@ class ClusterAdapter(Protocol):
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced: ...
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int: ...
+
+
+class SupportsSignal(Protocol):
+    """A kind whose running jobs can be asked to stop on their own (a preemption)."""
+
+    def signal(self, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int) -> int:
+        """Send ``signal`` to every process of each job (its batch shell and what it started),
+        or begin a stop that kills them ``grace_s`` seconds later where the cluster decides the
+        signal itself (Kubernetes). Returns how many jobs it reached; a job that ended meanwhile
+        is logged and the rest go on."""
+        ...
+
+
+def signal_or_cancel(
+    adapter: ClusterAdapter, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int
+) -> int:
+    """Signal jobs where the kind can (``SupportsSignal``); cancel them at once elsewhere."""
+    send = getattr(adapter, "signal", None)  # looked up each time, never cached per class
+    if callable(send):
+        return send(cluster, remote_ids, signal, grace_s)
+    return adapter.cancel(cluster, remote_ids)
 
 
 class AdapterError(Exception):

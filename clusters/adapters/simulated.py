@@ -2,7 +2,8 @@
 command. A job starts the moment it is delivered and ends ``Simulation.duration_s`` after it
 started, with ``Simulation.exit_code`` (``spec.sim`` of the job; ``ORRERY_SIM_DEFAULT_DURATION_S``
 when it says nothing). Nodes report like any others, through the agent API (a heartbeat traffic
-generator drives them in the demo and the benchmarks).
+generator drives them in the demo and the benchmarks). A preempted job has no process to drain:
+it ends as preempted at the next sync.
 """
 
 from __future__ import annotations
@@ -47,12 +48,16 @@ class SimulatedAdapter:
         now = time.time()
         states, soonest = [], None
         for work in works:
+            if work.stop is not None:  # preempted: nothing runs, so nothing to drain
+                states.append(
+                    RemoteState(work.attempt_id, Phase.PREEMPTED, message="stopped on a simulated cluster")
+                )
+                continue
             if work.started_at is None:
                 continue  # not started yet: its delivery starts it
             sim = work.simulation
-            duration = _duration_s(sim)
             code = 0 if sim is None else sim.exit_code
-            end = work.started_at + duration
+            end = work.started_at + _duration_s(sim)
             if end > now:
                 soonest = end if soonest is None else min(soonest, end)
             elif code:

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import random
+import signal
 import socket
 import time
 import urllib.error
@@ -333,14 +334,26 @@ class Agent:
     _desired_cache: dict[str, dict[str, Any]] = {}
 
     def _reconcile(self, desired: list[dict[str, Any]], stop: set[str]) -> None:
+        """Act on the server's answer: stop what it no longer wants; stop a preempted attempt
+        (an entry with ``stop``) with its own signal and grace period, or report it at once if
+        it never started; start what it wants and is not running yet."""
         wanted = {entry["attempt"]: entry for entry in desired}
         self._desired_cache = wanted
         for attempt_id in list(self.runner.attempts):
-            if attempt_id not in wanted or attempt_id in stop:
+            preempted = stop_terms(wanted.get(attempt_id), self.grace)
+            if preempted is not None:
+                if not self.runner.is_stopping(attempt_id):
+                    log.info("preempted %s: %s, %g s grace", attempt_id, preempted[0].name, preempted[1])
+                self.runner.stop(attempt_id, "preempted", *preempted)
+            elif attempt_id not in wanted or attempt_id in stop:
                 log.info("stopping %s: the server no longer wants it", attempt_id)
                 self.runner.stop(attempt_id, "cancelled")
         for attempt_id, entry in wanted.items():
             if attempt_id in self.runner.attempts or self.runner.is_ended(attempt_id):
+                continue
+            if "stop" in entry:  # preempted before it started here: it never will
+                self.runner.refuse(attempt_id, "preempted")
+                self._spool([{"attempt": attempt_id, "state": "preempted", "reason": "before it started"}])
                 continue
             try:
                 self.runner.start(entry)
@@ -476,6 +489,23 @@ class Agent:
         wait = min(max(wait, 0.5), MAX_RETRY_AFTER_S) * random.uniform(1.0, 1.5)
         self.hold_until = max(self.hold_until, time.monotonic() + wait)
         log.warning("the server asks to wait: next request in %.1f s", wait)
+
+
+def stop_terms(entry: dict[str, Any] | None, default_grace: float) -> tuple[signal.Signals, float] | None:
+    """The signal and grace period of a desired entry's ``stop`` (a preemption), None when it
+    has none. A signal this machine does not know is SIGTERM; a grace that is not a number of
+    seconds is the agent's own."""
+    stop = (entry or {}).get("stop")
+    if not isinstance(stop, dict):
+        return None
+    name = str(stop.get("signal") or "TERM").upper().removeprefix("SIG")
+    sig = signal.Signals.__members__.get(f"SIG{name}", signal.SIGTERM)
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        sig = signal.SIGTERM  # a stop leaves room for the job to end on its own
+    grace = stop.get("grace_s")
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 86400:
+        grace = default_grace
+    return sig, float(grace)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -26,7 +26,9 @@ attempt the server still lists is never started again.
 Each attempt has its own cgroup (``cgroups``): CPU and memory limits from the job's request,
 and a stop that reaches every process it started (SIGTERM to all, SIGKILL to all after
 ``grace`` seconds), however it forked. Without cgroups (an agent not running as root) the
-process group is all there is.
+process group is all there is. A preemption stops an attempt the same way with its own signal
+and grace period, and its end is reported ``preempted`` whatever its exit code (``stop.json``
+keeps that across a restart of the agent).
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ LOG_CHUNK = 256 * 1024  # bytes of output per chunk: a chunk stays far below the
 LOG_KEEP = 1 << 20  # the server keeps this much of each attempt's output (JobLog.MAX_BYTES)…
 LOG_SKIP_PAST = 8 << 20  # …so a backlog past this is skipped down to its last LOG_KEEP bytes
 LOG_HOP = 32 << 20  # a skip moves at most this far per chunk: half the server's MAX_LOG_GAP
-ENDED_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+ENDED_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled", "preempted"})
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STOP_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")  # what a stop may send (not KILL)
 
 
 class Refused(Exception):
@@ -82,7 +85,10 @@ class Attempt:
     time_limit: float | None
     popen: subprocess.Popen | None = None
     stopping_since: float | None = None
-    stop_reason: str = ""  # "cancelled", "timeout" or "fenced" once we stop it
+    stop_reason: str = ""  # "cancelled", "timeout", "fenced" or "preempted" once we stop it
+    stop_signal: int = signal.SIGTERM
+    stop_grace: float | None = None  # seconds to SIGKILL; None: the runner's grace
+    killed: bool = False  # SIGKILLed at the end of its grace
     group: Group | None = None
     container: str = ""  # the podman container's name, for an image attempt
 
@@ -137,7 +143,7 @@ class Runner:
                 # nothing of it may run on beside a later start.
                 self._kill_unrecorded(directory.name)
                 continue
-            self.attempts[directory.name] = Attempt(
+            attempt = Attempt(
                 directory.name,
                 info["pgid"],
                 directory,
@@ -146,6 +152,22 @@ class Runner:
                 group=self.cgroups.group(directory.name) if self.cgroups and info.get("cgroup") else None,
                 container=info.get("container", ""),
             )
+            self._resume_stop(attempt)
+            self.attempts[directory.name] = attempt
+
+    @staticmethod
+    def _resume_stop(attempt: Attempt) -> None:
+        """A stop begun by an earlier run of the agent goes on where it was: same reason, same
+        signal, same deadline (the signal is not sent again)."""
+        try:
+            stop = json.loads((attempt.directory / "stop.json").read_text())
+            attempt.stopping_since = float(stop["since"])
+            attempt.stop_reason = str(stop["reason"])
+            attempt.stop_signal = int(stop.get("signal") or signal.SIGTERM)
+            grace = stop.get("grace")
+            attempt.stop_grace = None if grace is None else float(grace)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no stop begun (or a torn file): the server's answer decides again
 
     # --- who runs it ------------------------------------------------------------------------
     def account(self, user: str | None) -> Account:
@@ -177,15 +199,16 @@ class Runner:
             or (self.root / attempt_id / "reported").exists()
         )
 
-    def refuse(self, attempt_id: str) -> None:
-        """Remember an attempt that was refused, so it is never started later."""
-        self.ended[attempt_id] = "failed"
-        state = self.root / attempt_id
+    def refuse(self, attempt_id: str, state: str = "failed") -> None:
+        """Remember an attempt that was refused (or preempted before it started: ``state``
+        "preempted"), so it is never started later."""
+        self.ended[attempt_id] = state
+        directory = self.root / attempt_id
         try:
-            state.mkdir(mode=0o700, exist_ok=True)
-            (state / "reported").write_text("failed")
+            directory.mkdir(mode=0o700, exist_ok=True)
+            (directory / "reported").write_text(state)
         except OSError as exc:
-            log.warning("cannot record the refusal of %s (kept in memory): %s", attempt_id, exc)
+            log.warning("cannot record the end of %s before its start (kept in memory): %s", attempt_id, exc)
 
     def _kill_unrecorded(self, attempt_id: str) -> None:
         """Kill what an earlier start of the attempt left running without a record (the agent
@@ -256,9 +279,12 @@ class Runner:
         exit_file, pid_file = state / "exit_code", state / "pid"
         # Root's shell writes its pid first (what a restarted agent goes by when this start was
         # never recorded), runs the job's command and records how it ended, even if the agent
-        # that started it is gone by then; nothing of the job's environment reaches it.
+        # that started it is gone by then; nothing of the job's environment reaches it. A stop
+        # signals the whole process group: the shell catches the signals a stop may send (a
+        # caught signal is reset to its default in the job it starts) and so outlives them, to
+        # wait for the job's own end within its grace period and record its exit code.
         wrapper = (
-            f"echo $$ > {shlex.quote(str(pid_file))}; "
+            f"trap : {' '.join(STOP_SIGNALS)}; echo $$ > {shlex.quote(str(pid_file))}; "
             f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
         )
         fd = os.open(state / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -380,14 +406,32 @@ class Runner:
         return argv
 
     # --- stopping -----------------------------------------------------------------------------
-    def stop(self, attempt_id: str, reason: str = "cancelled") -> None:
+    def stop(
+        self,
+        attempt_id: str,
+        reason: str = "cancelled",
+        sig: int = signal.SIGTERM,
+        grace: float | None = None,
+    ) -> None:
+        """Send ``sig`` to every process of the attempt, and SIGKILL to all of them ``grace``
+        seconds later (None: the runner's grace) unless they ended; ``reason`` is the state its
+        end is reported with. Once per attempt: a second stop changes nothing."""
         attempt = self.attempts.get(attempt_id)
         if attempt is None or attempt.stopping_since is not None:
             return
         attempt.stopping_since, attempt.stop_reason = time.time(), reason
-        _signal_group(attempt.pgid, signal.SIGTERM)
+        attempt.stop_signal, attempt.stop_grace = sig, grace
+        if reason == "preempted":  # its end is reported as such even after a restart
+            record = {"since": attempt.stopping_since, "reason": reason, "signal": int(sig), "grace": grace}
+            with contextlib.suppress(OSError):
+                (attempt.directory / "stop.json").write_text(json.dumps(record))
+        _signal_group(attempt.pgid, sig)
         if attempt.group is not None:
-            attempt.group.signal(signal.SIGTERM)  # also what left the process group
+            attempt.group.signal(sig)  # also what left the process group
+
+    def is_stopping(self, attempt_id: str) -> bool:
+        attempt = self.attempts.get(attempt_id)
+        return attempt is not None and attempt.stopping_since is not None
 
     def running_ids(self) -> list[str]:
         return list(self.attempts)
@@ -407,7 +451,9 @@ class Runner:
                     and now - attempt.started > attempt.time_limit
                 ):
                     self.stop(attempt.id, "timeout")
-                if attempt.stopping_since is not None and now - attempt.stopping_since > self.grace:
+                grace = self.grace if attempt.stop_grace is None else attempt.stop_grace
+                if attempt.stopping_since is not None and now - attempt.stopping_since > grace:
+                    attempt.killed = attempt.killed or self._alive(attempt, reap=False)
                     self._kill(attempt)
                 if self._alive(attempt):
                     continue
@@ -416,7 +462,9 @@ class Runner:
                 log.exception("error while watching %s", attempt.id)
         return reports
 
-    def _alive(self, attempt: Attempt) -> bool:
+    def _alive(self, attempt: Attempt, *, reap: bool = True) -> bool:
+        """Whether the attempt's shell still runs; once it is gone (and ``reap``), nothing it
+        started lingers."""
         if attempt.popen is not None:
             if attempt.popen.poll() is None:
                 return True
@@ -426,6 +474,8 @@ class Runner:
             # adopted after a restart: the exit_code file, not the process group id (which may
             # have been reused), says that it ended
             return True
+        if not reap:
+            return False
         # The shell is gone; make sure nothing it started lingers, however it forked.
         self._kill(attempt)
         if attempt.group is not None:
@@ -461,6 +511,8 @@ class Runner:
         reason = {"timeout": "time limit reached", "cancelled": "stopped by the agent"}.get(state, "")
         if state == "failed" and code is None:
             reason = "killed"
+        if state == "preempted":
+            reason = _preempted(attempt, self.grace, code)
         if state == "fenced":
             state, reason = "failed", FENCED
         del self.attempts[attempt.id]
@@ -554,6 +606,19 @@ class Runner:
             self.ended.pop(attempt_id, None)
             removed += 1
         return removed
+
+
+def _preempted(attempt: Attempt, default_grace: float, code: int | None) -> str:
+    """How a preempted attempt ended, in words: "SIGTERM, then exit code 0", "SIGUSR1, then
+    killed after its 2 s grace"."""
+    try:
+        name = signal.Signals(attempt.stop_signal).name
+    except ValueError:
+        name = f"signal {attempt.stop_signal}"
+    if attempt.killed:
+        grace = default_grace if attempt.stop_grace is None else attempt.stop_grace
+        return f"{name}, then killed after its {grace:g} s grace"
+    return f"{name}, then exit code {code}" if code is not None else f"{name}, then ended"
 
 
 def _skip(handle: Any, shipped: int, size: int, directory: Path, chunks: list[dict[str, Any]]) -> int:

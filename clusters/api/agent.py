@@ -232,7 +232,9 @@ def inventory(body: Any, bearer: str) -> Answer:
 
 def heartbeat(body: Any, bearer: str) -> Answer:
     """``POST agent/heartbeat`` with a node credential: one node's report. The reply says what
-    the node should run and stop, and how often to report."""
+    the node should run (``desired``; an entry with ``stop`` is to be stopped with its signal
+    and grace period, never started), what it runs and should stop (``stop``), and how often
+    to report."""
     identity = authenticate_node(bearer)
     name = node_name(body, "")
     if name != identity.node_name:
@@ -246,7 +248,9 @@ def heartbeat(body: Any, bearer: str) -> Answer:
     if stale:
         REPORTS.labels("stale").inc(stale)
     desired = _desired(identity)
-    wanted = {d["attempt"] for d in desired}
+    # An attempt being stopped (a preemption: ``stop`` in its entry) is listed to stop as well:
+    # an agent that predates ``stop`` stops it the way it stops a cancelled one (its own grace).
+    wanted = {d["attempt"] for d in desired if "stop" not in d}
     return 200, {
         "accepted": bool(accepted),
         "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
@@ -267,8 +271,8 @@ def _desired(identity: NodeIdentity) -> list[dict[str, Any]]:
 
 def attempts(body: Any, bearer: str) -> Answer:
     """``POST agent/attempts`` with a node credential: state changes of the node's attempts
-    (``starting``, ``running``, ``succeeded``/``failed``/``timeout``/``cancelled`` with the exit
-    code) and new output. Each item stands alone: a malformed one, or one about an attempt that
+    (``starting``, ``running``, ``succeeded``/``failed``/``timeout``/``cancelled``/``preempted``
+    with the exit code) and new output. Each item stands alone: a malformed one, or one about an attempt that
     is not this node's, is refused with its path in ``errors`` and the others are applied, so
     one bad item never blocks a node's later reports."""
     identity = authenticate_node(bearer)
@@ -346,7 +350,7 @@ def _log_problem(item: Any) -> tuple[str, str] | None:
     return None
 
 
-_ATTEMPT_STATES = {"starting", "running", "succeeded", "failed", "timeout", "cancelled"}
+_ATTEMPT_STATES = {"starting", "running", "succeeded", "failed", "timeout", "cancelled", "preempted"}
 
 
 def report(body: Any, bearer: str) -> Answer:

@@ -4,7 +4,10 @@ scheduling app registers at start-up (``clusters.ports``).
 
 * ``desired_for_node(node_id)`` — the attempts the node should be running now, with everything
   the agent needs to start them. Cached per node and dropped whenever an attempt on the node
-  changes, so a heartbeat costs one cache read.
+  changes, so a heartbeat costs one cache read. An attempt of a preempted job stays listed,
+  with ``stop: {signal, grace_s}``: the agent sends that signal to all its processes and kills
+  them ``grace_s`` seconds later (one not started yet is never started), and reports it
+  ``preempted``, which requeues the job.
 * ``apply_reports(node_id, reports, logs)`` — state changes and log chunks from the agent.
   Fencing: a report counts only for the attempt that is still active *and* holds this node; a
   report about anything else (an attempt requeued elsewhere while the node was cut off) is
@@ -87,6 +90,7 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
                 "node_rank": ranks.index(node_id),
                 "head_addr": (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node,
             }
+            | ({"stop": {"signal": work.stop.signal, "grace_s": work.stop.grace_s}} if work.stop else {})
         )
     return desired
 

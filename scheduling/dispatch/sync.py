@@ -2,9 +2,17 @@
 
 ``sync_cluster`` asks the cluster's adapter about every attempt Orrery considers active there,
 stores the output it brings, enforces time limits to the second where the cluster's own are
-coarser, hands the states to the one mapper (``dispatch.remote``), and cancels on the cluster
-what Orrery no longer runs (a job cancelled, held or requeued in Orrery: cancelling is
-level-triggered). ``sync_due_clusters`` is the periodic pass over every polled kind.
+coarser, drains preempted attempts (``_drain``), hands the states to the one mapper
+(``dispatch.remote``), and cancels on the cluster what Orrery no longer runs (a job cancelled,
+held or requeued in Orrery: cancelling is level-triggered). ``sync_due_clusters`` is the
+periodic pass over every polled kind.
+
+A preempted attempt (its job PREEMPTED, its ``Work.stop`` set) is drained in three steps, each
+taken by the first sync that finds it due: its running job is sent the stop's signal once
+(``signalled_at`` records it; a kind that cannot signal cancels at once), it is cancelled once
+its grace period has run from the preemption, and the cluster's report of its end requeues the
+job (the mapper: any end of a PREEMPTED job is PENDING again). One still queued on the cluster
+is withdrawn at once, and one the cluster has not had yet ends at once: nothing ran.
 """
 
 from __future__ import annotations
@@ -15,7 +23,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clusters.adapters.base import AdapterError, Orphan, Phase, RemoteState
+from django.utils import timezone
+
+from clusters.adapters.base import (
+    AdapterError,
+    ClusterAdapter,
+    Orphan,
+    Phase,
+    RemoteState,
+    Work,
+    signal_or_cancel,
+)
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from foundation.pacing import due
@@ -31,7 +49,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SyncCounts:
     moved: int  # jobs whose state changed
-    cancelled: int  # jobs stopped on the cluster (past their limit, or no longer Orrery's)
+    cancelled: int  # jobs stopped on the cluster (past their limit, preempted, no longer Orrery's)
+    signalled: int = 0  # preempted jobs sent their signal
 
 
 def sync_cluster(cluster: Cluster) -> SyncCounts:
@@ -58,11 +77,66 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
                 message=f"ran past its time limit of {limit} s",
             )
         states.append(state)
-    moved = apply_remote_states(states)
-    cancelled += _withdraw(cluster, synced.orphans)
-    if synced.again_in_s is not None:
-        wake_sync(cluster.pk, synced.again_in_s)
-    return SyncCounts(moved, cancelled)
+    drained = _drain(adapter, cluster, works, states)
+    moved = apply_remote_states(states + drained.ended)
+    cancelled += drained.cancelled + _withdraw(cluster, synced.orphans)
+    again = min((t for t in (synced.again_in_s, drained.again_in_s) if t is not None), default=None)
+    if again is not None:
+        wake_sync(cluster.pk, again)
+    return SyncCounts(moved, cancelled, drained.signalled)
+
+
+@dataclass(frozen=True)
+class Drained:
+    ended: list[RemoteState]  # preempted attempts that ended without running (nothing to drain)
+    signalled: int
+    cancelled: int
+    again_in_s: float | None  # the next grace period to end, if before the next pass
+
+
+def _drain(
+    adapter: ClusterAdapter, cluster: Cluster, works: Sequence[Work], states: Sequence[RemoteState]
+) -> Drained:
+    """The next step of each preempted attempt's stop (see the module): signal, cancel after
+    the grace, withdraw what only waits there. An attempt the cluster reports ended needs none:
+    the mapper requeues it. Every step is safe to take twice (a crash before ``signalled_at`` is
+    written signals again)."""
+    if adapter.sync_every_s is None:
+        return Drained([], 0, 0, None)  # agents stop their attempts themselves (dispatch.agent)
+    said = {s.attempt_id: s for s in states}
+    now = time.time()
+    ended, signalled, cancelled, soonest = [], 0, 0, None
+    for work in works:
+        stop, state = work.stop, said.get(work.attempt_id)
+        if stop is None or (state is not None and state.phase.ended):
+            continue
+        remote_id = (state.remote_id if state else "") or work.remote_id
+        if not remote_id:
+            # Not on the cluster yet (its delivery is due, or in flight: a job delivered for an
+            # attempt that ended is an orphan, and the next sync cancels it).
+            ended.append(
+                RemoteState(work.attempt_id, Phase.PREEMPTED, message="before it reached the cluster")
+            )
+        elif state is not None and state.phase in (Phase.QUEUED, Phase.HELD):
+            if adapter.cancel(cluster, [remote_id]):
+                cancelled += 1
+                ended.append(
+                    RemoteState(work.attempt_id, Phase.PREEMPTED, remote_id, message="withdrawn while queued")
+                )
+        elif now >= stop.deadline:
+            # Past its grace: killed. Its end comes with a later sync (the cluster keeps its
+            # GPUs until then); cancelling again meanwhile is harmless.
+            cancelled += adapter.cancel(cluster, [remote_id])
+        else:
+            if stop.signalled_at is None and signal_or_cancel(
+                adapter, cluster, [remote_id], stop.signal, int(stop.deadline - now)
+            ):
+                signalled += 1
+                JobAttempt.objects.filter(pk=work.attempt_id, signalled_at__isnull=True).update(
+                    signalled_at=timezone.now()
+                )
+            soonest = stop.deadline - now if soonest is None else min(soonest, stop.deadline - now)
+    return Drained(ended, signalled, cancelled, soonest)
 
 
 def _withdraw(cluster: Cluster, orphans: Sequence[Orphan]) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from clusters.adapters.base import Share, Simulation, Work
+from clusters.adapters.base import Share, Simulation, Stop, Work
 from clusters.services.identity import run_as_names
 from foundation.sealing import unseal
 from scheduling.models import Allocation, JobAttempt
@@ -43,6 +43,10 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
             "job__cpu_millicores_per_node",
             "job__memory_bytes_per_node",
             "job__secret_env",
+            "stop_requested_at",
+            "stop_signal",
+            "stop_grace_s",
+            "signalled_at",
             "cluster_id",
             "job__owner_id",
         )
@@ -69,7 +73,8 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
 
 
 def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
-    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, secret, _, _ = row
+    job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, secret = row[:11]
+    stop_at, signal, grace, signalled_at = row[11:15]
     spec = spec or {}
     env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
     sim = spec.get("sim")
@@ -92,6 +97,16 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         image=str(spec.get("image") or ""),
         cpu_millicores=cpu or 0,
         memory_bytes=memory or 0,
+        # Only a preempted attempt has a stop: preempt_jobs stamps it with the job's move to
+        # PREEMPTED, and no other move keeps an attempt active.
+        stop=Stop(
+            signal or "TERM",
+            grace or 0,
+            stop_at.timestamp(),
+            signalled_at.timestamp() if signalled_at else None,
+        )
+        if stop_at
+        else None,
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from clusters.adapters.registry import adapter_for
 from scheduling.choices import JobState
 from scheduling.dispatch.desired import forget_desired
 from scheduling.models import Allocation, Job, JobAttempt
@@ -83,10 +84,15 @@ def preempt_jobs(victims: list[Victim]) -> list[int]:
         if moved:
             held = Allocation.objects.filter(job_id__in=moved, active=True)
             nodes = sorted(set(held.values_list("node_id", flat=True)))
+            # Agents read the stop with their next desired state; a polled cluster is signalled
+            # by its next sync, woken now.
             clusters = set(
-                JobAttempt.objects.filter(job_id__in=moved, active=True).values_list("cluster_id", flat=True)
+                JobAttempt.objects.filter(job_id__in=moved, active=True).values_list(
+                    "cluster_id", "cluster__kind"
+                )
             )
             transaction.on_commit(lambda: forget_desired(nodes))
-            for cluster_id in clusters:
-                transaction.on_commit(lambda c=cluster_id: wake_sync(c, 0.0))
+            for cluster_id, kind in clusters:
+                if adapter_for(kind).sync_every_s is not None:
+                    transaction.on_commit(lambda c=cluster_id: wake_sync(c, 0.0))
     return moved

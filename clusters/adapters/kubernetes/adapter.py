@@ -178,6 +178,19 @@ class KubernetesAdapter:
         """Delete Jobs (background propagation), and their pods and Service ourselves: a cluster
         without a garbage collector running (or a slow one) must not keep GPUs busy. Returns how
         many Jobs were deleted or already gone; a refusal is logged and the rest go on."""
+        return self._delete(cluster, remote_ids, None)
+
+    def signal(self, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int) -> int:
+        """The stop of a preemption (``SupportsSignal``): delete the Jobs and their pods with
+        ``grace_s`` as the pods' grace period. The kubelet sends the container its stop signal
+        (the image's ``STOPSIGNAL``, SIGTERM by default: Kubernetes takes no other), then SIGKILL
+        once the grace period is over; ``signal`` is not used."""
+        return self._delete(cluster, remote_ids, max(int(grace_s), 0))
+
+    def _delete(self, cluster: Cluster, remote_ids: Sequence[str], grace_s: int | None) -> int:
+        """Delete Jobs, their pods (with ``grace_s`` when given, else each pod's own grace
+        period), their Service and Secret; returns how many Jobs were deleted or already gone."""
+        graceful = {} if grace_s is None else {"grace_period_seconds": grace_s}
         api = _api(cluster)
         namespace = namespace_of(cluster)
         batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
@@ -190,6 +203,7 @@ class KubernetesAdapter:
                     namespace,
                     propagation_policy="Background",
                     _request_timeout=TIMEOUT,
+                    **graceful,
                 )
                 pods = core.list_namespaced_pod(
                     namespace,
@@ -203,6 +217,7 @@ class KubernetesAdapter:
                         pod["metadata"]["name"],
                         namespace,
                         _request_timeout=TIMEOUT,
+                        **graceful,
                     )
                 _gone_ok(core.delete_namespaced_service, name, namespace, _request_timeout=TIMEOUT)
                 _gone_ok(core.delete_namespaced_secret, name, namespace, _request_timeout=TIMEOUT)

@@ -1,5 +1,5 @@
 """Running attempts on a Slurm cluster: dispatch on the nodes and GPUs the scheduler chose,
-state sync, output, cancel.
+state sync, output, cancel, and the signal of a preemption.
 
 Dispatch uses ``sbatch`` (slurmrestd 22.05 cannot pin a node list) with the cluster's
 ``slurm_conf``, as the attempt's own POSIX account (``sbatch --uid``, see ``accounts``);
@@ -134,6 +134,19 @@ class SlurmAdapter:
                 done += 1
             except SlurmError as exc:
                 log.warning("could not cancel Slurm job %s: %s", remote_id, exc)
+        return done
+
+    def signal(self, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int) -> int:
+        """Signal running Slurm jobs (``SupportsSignal``): the batch script and everything it
+        started get ``signal``; the kill after the grace period is a ``cancel``. A refusal (the
+        job ended meanwhile) is logged and the rest go on."""
+        client, done = client_for(cluster), 0
+        for remote_id in remote_ids:
+            try:
+                client.signal(int(remote_id), signal)
+                done += 1
+            except SlurmError as exc:
+                log.warning("could not signal Slurm job %s (SIG%s): %s", remote_id, signal, exc)
         return done
 
 

@@ -238,4 +238,14 @@ class SlurmClient:
         return self._request("GET", self._path("jobs")).get("jobs") or []
 
     def cancel(self, job_id: int) -> None:
+        """Kill a job (``DELETE job/{id}`` without a signal is SIGKILL to all of it)."""
         self._request("DELETE", self._path(f"job/{job_id}"))
+
+    def signal(self, job_id: int, signal: str) -> None:
+        """Send ``signal`` (a name: ``TERM``, ``USR1``…) to every step of a running job, its batch
+        script and the processes it started included: slurmrestd v0.0.36–v0.0.38 signal the
+        full job (what ``scancel --full --signal`` does). Slurm refuses to signal a job that is
+        still pending."""
+        if not signal.isalnum():
+            raise SlurmError(f"not a signal name: {signal!r}")
+        self._request("DELETE", self._path(f"job/{job_id}?signal={signal}"))
