@@ -131,7 +131,7 @@ def database_violations(
 
 def attempts_running_here() -> dict[str, int]:
     """``{attempt id: pid}`` of the agents' attempt shells running on this machine."""
-    running: dict[str, int] = {}
+    found: dict[str, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -141,8 +141,21 @@ def attempts_running_here() -> dict[str, int]:
             continue
         match = _ATTEMPT_IN_ARGV.search(argv)
         if match and "exit_code" in argv:
-            running[match.group(1)] = int(proc.name)
-    return running
+            found.setdefault(match.group(1), []).append(int(proc.name))
+    # A shell's child between its fork and its exec still shows the shell's command line: the
+    # shell is the one whose parent is not itself a match.
+    return {attempt: _outermost(pids) for attempt, pids in found.items()}
+
+
+def _outermost(pids: list[int]) -> int:
+    for pid in pids:
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent not in pids:
+            return pid
+    return min(pids)
 
 
 def process_violations(cursor: Any) -> list[str]:
