@@ -150,7 +150,7 @@ class Preemption:
             return None
         victims, rows, cluster = picked
         victims = _with_quota(book, job, victims, order, runs)
-        if victims is None:
+        if not victims:  # None, or it fits already: a reservation or a claim holds it back, not GPUs
             return None
         reasons = {reason_of[v] for v in victims}
         return victims, ("within_queue" if reasons == {"within_queue"} else "reclaim"), rows, cluster
