@@ -48,13 +48,15 @@ class Blocked:
 @dataclass
 class Decided:
     """What phase 3 decided: placements, blocked classes, and what post-filters did — victims
-    to preempt, predicted starts (job id → (epoch seconds, where, reserved)), how many jobs hold
-    a reservation and how many were backfilled around one. Unpacks as (placements, blocked)."""
+    to preempt, predicted starts (job id → (epoch seconds, where, reserved)), the reservations
+    held at the end of the cycle (job id → (rows, GPUs per row, start)), how many jobs hold a
+    reservation and how many were backfilled around one. Unpacks as (placements, blocked)."""
 
     placements: list[Placement]
     blocked: list[Blocked]
     preemptions: list[Any] = field(default_factory=list)
     estimates: dict[int, tuple[float, str, bool]] = field(default_factory=dict)
+    reservations: dict[int, tuple[tuple[int, ...], int, float]] = field(default_factory=dict)
     reserved: int = 0
     backfilled: int = 0
 
@@ -183,6 +185,11 @@ def decide(
         blocked,
         preemptions=state.data.get("preemptions", []),
         estimates=state.data.get("estimates", {}),
+        reservations=(
+            {job: (r.rows, r.gpus, r.start) for job, r in cycle.book.by_job.items()}
+            if cycle is not None
+            else {}
+        ),
         reserved=cycle.reserved if cycle is not None else 0,
         backfilled=cycle.backfilled if cycle is not None else 0,
     )
@@ -202,8 +209,11 @@ def _share_cache(
     state.data["changed_rows"] = []
     state.data[TIMELINES] = cache.carry
     pending = cache.queue.jobs
-    for job_id in [j for j in cache.claims if j not in pending]:
+    gone = [j for j in cache.claims if j not in pending]
+    for job_id in gone:
         del cache.claims[job_id]
+    if gone:  # quota claimed back is free to borrow again: verdicts that refused it no longer hold
+        cache.verdicts.clear()
     state.data["claims"] = cache.claims
 
     def bump() -> None:
