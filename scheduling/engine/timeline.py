@@ -124,12 +124,25 @@ class Timeline:
                 best = Slot(start, int(cluster), tuple(int(r) for r in chosen))
         return best
 
-    def claim(self, slot: Slot, gpus: int, end: float) -> None:
-        """A job given ``slot``: its GPUs are taken from now until ``end``."""
+    def claim(self, slot: Slot, gpus: int, end: float, sign: int = 1) -> None:
+        """A job given ``slot``: its GPUs are taken from now until ``end`` (``sign=-1``: given
+        back, when the job's turn comes)."""
         for row in slot.rows:
-            self.held[row] += gpus
+            self.held[row] += sign * gpus
             if end < NEVER:
-                self.extra[row].append((end, gpus))
+                if sign > 0:
+                    self.extra[row].append((end, gpus))
+                else:
+                    self.extra[row].remove((end, gpus))
+
+    def move(self, rows: tuple[tuple[int, int], ...], old_end: float, new_end: float) -> None:
+        """A running job's GPUs now come free at ``new_end`` instead of ``old_end`` (it was
+        preempted: it stops at the end of its grace period)."""
+        for row, gpus in rows:
+            if gpus:
+                if old_end < NEVER:
+                    self.extra[row].append((max(old_end, self.now), -gpus))
+                self.extra[row].append((max(new_end, self.now), gpus))
 
 
 def build_timeline(

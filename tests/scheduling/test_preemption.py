@@ -172,16 +172,10 @@ def test_no_reclaim_from_a_queue_within_its_own_quota():
 
 
 # --- GPUs held for a preemptor while its victims drain ------------------------------------------------
-# Each of these fails today: the GPUs a preemption frees can go to another job, so the victims
-# lose their work for nothing. They are kept (strict) so that a fix shows.
+# The GPUs a preemption frees go to the preemptor, not to another job: otherwise the victims
+# would lose their work for nothing.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backfill's timeline is built once per cycle: built before the preemption, it does not see "
-    "the victims' drain, the preemptor gets no reservation, and jobs placed later in the same cycle "
-    "take the GPUs it counted on",
-)
 def test_jobs_placed_after_a_preemption_leave_the_preemptor_its_gpus():
     world = world_of(snapshot(node(gpus=8)), [], [], {1: WITHIN_QUEUE, 2: NEVER_PREEMPT, 3: NEVER_PREEMPT})
     world.start(view(1000, 2, priority=-1), NOW - 100)  # no time limit
@@ -195,12 +189,6 @@ def test_jobs_placed_after_a_preemption_leave_the_preemptor_its_gpus():
     assert free_at(world, 0, nomination.start) >= 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the timeline does not hold nominated GPUs: a job blocked by a nomination gets a "
-    "reservation on those very GPUs, which then blocks the preemptor; the node idles until the "
-    "nomination lapses",
-)
 def test_the_preemptor_gets_its_gpus_when_its_victims_have_stopped():
     rules = {1: NEVER_PREEMPT, 2: (PreemptWithinQueue.LOWER_PRIORITY, ReclaimWithinCohort.NEVER, 0)}
     world = world_of(snapshot(node(gpus=4)), [], [], rules)
@@ -212,12 +200,6 @@ def test_the_preemptor_gets_its_gpus_when_its_victims_have_stopped():
     assert [p.job.id for p in world.decide(now=NOW + 1).placements] == [2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the preemptor's own filter call releases its nomination, but a class mask cached from an "
-    "earlier job of the same shape (an any-model job tried as that model) is reused without calling "
-    "the filter: the preemptor never sees its GPUs ('1/1 nodes fit' yet not placed)",
-)
 def test_a_preemptor_sees_its_gpus_after_a_job_of_the_same_shape_was_kept_off_them():
     profile = build_profile(DEFAULT_PROFILE | {"args": {"backfill": {"depth": 0, "estimates": 0}}})
     rules = {2: (PreemptWithinQueue.LOWER_PRIORITY, ReclaimWithinCohort.NEVER, 0)}
@@ -230,12 +212,6 @@ def test_a_preemptor_sees_its_gpus_after_a_job_of_the_same_shape_was_kept_off_th
     assert [p.job.id for p in world.decide(profile, now=NOW + 1).placements] == [2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a job of the preemptor's class that sorts ahead of it (higher priority, same shape) is kept "
-    "off the nominated GPUs, and the class is given up for the cycle at its first blocked job: nobody "
-    "uses the freed GPUs until the nomination lapses",
-)
 def test_a_nominated_preemptor_is_not_stuck_behind_a_job_of_its_class():
     world = one_node((view(1000, 4, priority=-1), NOW - 100, None), (view(1001, 4, priority=5), NOW, None))
     world.submit(view(1, 4, priority=1))

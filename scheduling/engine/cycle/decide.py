@@ -155,8 +155,10 @@ def decide(
             if effects:
                 state.data["signature"] = hash((state.data["signature"], job.id))
             status = _with_words(status, state.data.pop("post_words", ""))
-            if len(state.data.get("preemptions", ())) > preempting and len(cls) > 1:
-                # It preempted: the next job of its class may too (each preempts for itself).
+            preempted = len(state.data.get("preemptions", ())) > preempting
+            if len(cls) > 1 and (preempted or _nominee_behind(cache, cls)):
+                # It preempted: the next job of its class may too (each preempts for itself). Or
+                # a job behind it has GPUs held for it (its victims' GPUs): let it come up.
                 aside.append((cls, cache.queue.pop_head(cls)))
                 counter += 1
                 heapq.heappush(heap, (key(cls), counter, cls))
@@ -193,6 +195,12 @@ def decide(
         reserved=cycle.reserved if cycle is not None else 0,
         backfilled=cycle.backfilled if cycle is not None else 0,
     )
+
+
+def _nominee_behind(cache: SchedulerCache, cls: JobClass) -> bool:
+    """Whether a job of the class other than its head is a preemptor holding its victims' GPUs."""
+    nominated = cache.nominated
+    return bool(nominated) and any(job.id in nominated for _, job in cls.jobs[1:])
 
 
 def _share_cache(

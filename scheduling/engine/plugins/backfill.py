@@ -130,9 +130,9 @@ class Backfill:
     # --- PreFilter ---------------------------------------------------------------------------
     def pre_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
         """A preemptor's turn: the GPUs held for it while its victims drain are its own."""
-        book = self._cycle(state, snap).book
-        if job.id in book.by_job and job.id in state.data["nominated"]:
-            book.drop(job.id, None)
+        cycle = self._cycle(state, snap)
+        if job.id in cycle.book.by_job and job.id in state.data["nominated"]:
+            cycle.release_nomination(job.id)
         return OK
 
     # --- Filter ------------------------------------------------------------------------------
@@ -170,6 +170,13 @@ class Backfill:
         if not job.gpus or job.model < 0 or state.data.get("blocked_by") == PendingReason.QUOTA_EXCEEDED:
             return OK  # a job waiting for quota, not for GPUs, holds no GPUs back
         cycle = self._cycle(state, snap)
+        nomination = state.data["nominated"].get(job.id)
+        if nomination is not None:  # a preemptor: its victims' GPUs are held for it, no search
+            cycle.hold(job.id, nomination)
+            names = ", ".join(snap.names[r] for r in nomination.rows[:8])
+            where = f"{snap.cluster_names[nomination.cluster]}: {names}"
+            state.data.setdefault("estimates", {})[job.id] = (nomination.start, where, True)
+            return Status(Code.UNSCHEDULABLE, "", "its preempted victims' GPUs are held for it")
         if cycle.estimated >= self.estimates:
             return OK
         candidates = state.data["static_mask"](job)
@@ -196,31 +203,52 @@ class _Cycle:
         self.nominations = 0
         self.backfilled = 0
         self._timelines: dict[str, Timeline] = {}
+        self._drained: dict[str, int] = {}  # per timeline: preemptions of this cycle already moved
+        self.held_for: dict[int, Reservation] = {}  # nominations: GPUs held on the timelines
 
     def _timeline(self, kind: str) -> Timeline:
         timeline = self._timelines.get(kind)
+        if timeline is not None:
+            self._follow_drains(kind, timeline)
         if timeline is None:
             carry = self.state.data.setdefault(TIMELINES, {})
             key = (kind, id(self.snap), self.state.data["runs_version"])
             base = carry.get(key)
             if base is None:
-                ratios = self.state.data["ratios"]
-                now = self.now
-
-                def end_of(run: Any) -> float:
-                    if run.draining_until is not None:
-                        return run.draining_until
-                    if kind == "limits" or run.limit == NEVER:
-                        return run.start + run.limit
-                    expected = run.start + run.limit * ratios.get(run.queue, 1.0)
-                    return expected if expected > now else (now + run.start + run.limit) / 2
-
-                base = build_timeline(self.snap, self.state.data["runs"], now, end_of)
+                base = build_timeline(
+                    self.snap, self.state.data["runs"], self.now, lambda run: self._end_of(kind, run)
+                )
                 for old in [k for k in carry if k[0] == kind]:
                     del carry[old]
                 carry[key] = base
             timeline = self._timelines[kind] = base.fresh(self.now)
+            self._drained[kind] = len(self.state.data.get("drained", ()))
+            for held in self.held_for.values():
+                timeline.claim(Slot(held.start, held.cluster, held.rows), held.gpus, held.end)
         return timeline
+
+    def _end_of(self, kind: str, run: Any) -> float:
+        if run.draining_until is not None:
+            return run.draining_until
+        if kind == "limits" or run.limit == NEVER:
+            return run.start + run.limit
+        expected = run.start + run.limit * self.state.data["ratios"].get(run.queue, 1.0)
+        return expected if expected > self.now else (self.now + run.start + run.limit) / 2
+
+    def _follow_drains(self, kind: str, timeline: Timeline) -> None:
+        """Victims preempted since this timeline was made stop at the end of their grace period."""
+        drained = self.state.data.get("drained", ())
+        for before, now in drained[self._drained.get(kind, 0) :]:
+            timeline.move(now.rows, self._end_of(kind, before), self._end_of(kind, now))
+        self._drained[kind] = len(drained)
+
+    def release_nomination(self, job_id: int) -> None:
+        """The preemptor's turn: give it back the GPUs held for it, in the book and the timelines."""
+        self.book.drop(job_id, None)
+        held = self.held_for.pop(job_id, None)
+        if held is not None:
+            for timeline in self._timelines.values():
+                timeline.claim(Slot(held.start, held.cluster, held.rows), held.gpus, held.end, sign=-1)
 
     def limits(self) -> Timeline:
         return self._timeline("limits")
@@ -240,11 +268,23 @@ class _Cycle:
             if nomination.until < self.now:
                 del nominated[job_id]
                 continue
-            reservation = Reservation(
-                job_id, nomination.rows, nomination.gpus, nomination.start, NEVER, nomination.cluster
-            )
-            self.book.add(reservation, None)
+            self.hold(job_id, nomination)
             self.nominations += 1
+
+    def hold(self, job_id: int, nomination: Any) -> None:
+        """Hold a preemptor's GPUs: in the book (jobs after it keep off) and on the timelines
+        (nobody else is given them as a reservation)."""
+        if job_id in self.book.by_job:
+            return
+        start = max(nomination.start, self.now)  # it cannot start before this cycle
+        end = start + nomination.limit
+        reservation = Reservation(job_id, nomination.rows, nomination.gpus, start, end, nomination.cluster)
+        self.book.add(reservation, None)
+        self.held_for[job_id] = reservation
+        for timeline in self._timelines.values():
+            timeline.claim(
+                Slot(reservation.start, reservation.cluster, reservation.rows), reservation.gpus, end
+            )
 
     def apply(self, job: JobView, slot: Slot | None, guess: Slot | None) -> None:
         """Take the reservation (``slot``) and the estimate (``guess``) a post-filter found; the

@@ -48,6 +48,7 @@ class Nomination:
     until: float  # when the hold lapses if the preemptor has still not been placed
     cluster: int
     victims: tuple[int, ...]
+    limit: float = NEVER  # the preemptor's time limit: how long it will hold them
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,17 @@ class Preemption:
         now = state.data["now"]
         policy = state.data["queue_policy"]
         ends = []
+        drained = state.data.setdefault("drained", [])  # (run before, run now): for backfill's timelines
         for v in victims:
             run = runs[v]
+            before = replace(run)
             run.draining_until = now + policy.get(run.queue, ("", "", 30))[2]
+            drained.append((before, run))
             ends.append(run.draining_until)
         state.data["runs_version_bump"]()
         start = max(ends)
         state.data["nominated"][job.id] = Nomination(
-            tuple(rows), job.gpus, start, start + NOMINATION_SLACK_S, cluster, tuple(victims)
+            tuple(rows), job.gpus, start, start + NOMINATION_SLACK_S, cluster, tuple(victims), job.time_limit
         )
         queue = snap.queue_names.get(job.queue_id, str(job.queue_id))
         why = (
