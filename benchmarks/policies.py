@@ -43,37 +43,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-POLICIES = ("fifo", "backfill", "backfill_preemption")
-
 
 def profile_for(policy: str):  # -> Profile
-    from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
+    from scheduling.engine.replay import policy_profile
 
-    plugins = list(DEFAULT_PROFILE["plugins"])
-    args: dict = {}
-    if policy != "backfill_preemption":
-        plugins.remove("preemption")
-    if policy == "fifo":
-        args["backfill"] = {"depth": 0}
-    return build_profile({"plugins": plugins, "weights": DEFAULT_PROFILE["weights"], "args": args})
+    return policy_profile(policy)
 
 
 def queues_for(policy: str, quota: dict[int, int], ids=(1, 2)):
-    from scheduling.engine.replay import QueueSpec
+    from scheduling.engine.replay import policy_queues
 
-    preempt = policy == "backfill_preemption"
-    return [
-        QueueSpec(
-            id=q,
-            project=q,
-            cohort="lab",
-            quota=dict(quota),
-            within="lower_priority" if preempt else "never",
-            reclaim="any" if preempt else "never",
-            grace_s=30,
-        )
-        for q in ids
-    ]
+    return policy_queues(policy, quota, ids)
 
 
 def synthetic(policy: str, hours: float, seed: int) -> dict:
@@ -182,6 +162,8 @@ def main() -> None:
 
     django.setup()
     result: dict = {}
+    from scheduling.engine.replay import POLICIES
+
     for policy in POLICIES:
         say(f"{policy}: synthetic trace")
         figures = synthetic(policy, args.hours, args.seed)

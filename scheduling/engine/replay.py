@@ -35,7 +35,7 @@ import numpy as np
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle.decide import decide
 from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView
-from scheduling.engine.policies import Profile
+from scheduling.engine.policies import DEFAULT_PROFILE, Profile, build_profile
 from scheduling.engine.queue import PendingQueue
 from scheduling.engine.snapshot import QuotaBook, Snapshot
 
@@ -308,6 +308,42 @@ class Replay:
         return life.first_start - life.job.submit
 
 
+# --- the policies compared -----------------------------------------------------------------
+POLICIES = ("fifo", "backfill", "backfill_preemption")
+
+
+def policy_profile(policy: str) -> Profile:
+    """The default profile as ``policy``: ``fifo`` (no reservations: backfill with depth 0,
+    predicted starts kept), ``backfill`` (no preemption) or ``backfill_preemption``."""
+    plugins = list(DEFAULT_PROFILE["plugins"])
+    args: dict[str, Any] = {}
+    if policy != "backfill_preemption":
+        plugins.remove("preemption")
+    if policy == "fifo":
+        args["backfill"] = {"depth": 0}
+    return build_profile({"plugins": plugins, "weights": DEFAULT_PROFILE["weights"], "args": args})
+
+
+def policy_queues(
+    policy: str, quota: dict[int, int], ids: Iterable[int] = (1, 2), grace_s: int = 30
+) -> list[QueueSpec]:
+    """Queues of one cohort with ``quota`` each; under ``backfill_preemption`` they preempt lower
+    priorities and reclaim lent quota from jobs of any priority up to their own."""
+    preempt = policy == "backfill_preemption"
+    return [
+        QueueSpec(
+            id=q,
+            project=q,
+            cohort="lab",
+            quota=dict(quota),
+            within="lower_priority" if preempt else "never",
+            reclaim="any" if preempt else "never",
+            grace_s=grace_s,
+        )
+        for q in ids
+    ]
+
+
 def _view(job: TraceJob, attempt: int) -> JobView:
     return JobView(
         id=job.id,
@@ -402,4 +438,15 @@ def shifted(jobs: list[TraceJob], **changes: Any) -> list[TraceJob]:
     return [replace(j, **changes) for j in jobs]
 
 
-__all__ = ["NEVER", "Fleet", "QueueSpec", "Replay", "TraceJob", "shifted", "synthetic_trace"]
+__all__ = [
+    "NEVER",
+    "POLICIES",
+    "Fleet",
+    "QueueSpec",
+    "Replay",
+    "TraceJob",
+    "policy_profile",
+    "policy_queues",
+    "shifted",
+    "synthetic_trace",
+]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -111,18 +112,11 @@ class Timeline:
             if t_row[row] == NEVER:
                 return None
             return Slot(float(t_row[row]), int(snap.cluster[row]), (row,))
-        best: Slot | None = None
-        finite = np.flatnonzero(t_row < NEVER)
-        clusters = snap.cluster[finite]
-        for cluster in np.unique(clusters):
-            rows = finite[clusters == cluster]
-            if len(rows) < job.nodes:
-                continue
-            chosen = rows[np.argsort(t_row[rows], kind="stable")[: job.nodes]]
-            start = float(t_row[chosen].max())
-            if best is None or start < best.start:
-                best = Slot(start, int(cluster), tuple(int(r) for r in chosen))
-        return best
+        found = lowest_in_one_cluster(snap, t_row, job.nodes, np.max)
+        if found is None:
+            return None
+        start, rows = found
+        return Slot(start, int(snap.cluster[rows[0]]), rows)
 
     def claim(self, slot: Slot, gpus: int, end: float, sign: int = 1) -> None:
         """A job given ``slot``: its GPUs are taken from now until ``end`` (``sign=-1``: given
@@ -143,6 +137,26 @@ class Timeline:
                 if old_end < NEVER:
                     self.extra[row].append((max(old_end, self.now), -gpus))
                 self.extra[row].append((max(new_end, self.now), gpus))
+
+
+def lowest_in_one_cluster(
+    snap: Snapshot, value: np.ndarray, n: int, combine: Callable[[np.ndarray], Any]
+) -> tuple[float, tuple[int, ...]] | None:
+    """The ``n`` rows of one cluster with the lowest finite ``value`` (a vector over all rows),
+    in the cluster where ``combine`` of their values is lowest: a gang's earliest start (the max
+    of its nodes' times), or its cheapest preemption (the sum of its nodes' costs)."""
+    finite = np.flatnonzero(value < NEVER)
+    clusters = snap.cluster[finite]
+    best: tuple[float, tuple[int, ...]] | None = None
+    for cluster in np.unique(clusters):
+        rows = finite[clusters == cluster]
+        if len(rows) < n:
+            continue
+        chosen = rows[np.argsort(value[rows], kind="stable")[:n]]
+        total = float(combine(value[chosen]))
+        if best is None or total < best[0]:
+            best = (total, tuple(int(r) for r in chosen))
+    return best
 
 
 def build_timeline(

@@ -4,34 +4,22 @@ reclaiming lent quota within a grace period."""
 
 from __future__ import annotations
 
-from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
-from scheduling.engine.replay import Fleet, QueueSpec, Replay, TraceJob, synthetic_trace
+from scheduling.engine.replay import (
+    Fleet,
+    Replay,
+    TraceJob,
+    policy_profile,
+    policy_queues,
+    synthetic_trace,
+)
 
 
 def profile(policy: str):
-    plugins = list(DEFAULT_PROFILE["plugins"])
-    args: dict = {}
-    if policy != "backfill_preemption":
-        plugins.remove("preemption")
-    if policy == "fifo":
-        args["backfill"] = {"depth": 0}
-    return build_profile({"plugins": plugins, "weights": DEFAULT_PROFILE["weights"], "args": args})
+    return policy_profile(policy)
 
 
-def queues(policy: str, quota: dict[int, int], ids=(1, 2), grace: int = 30) -> list[QueueSpec]:
-    preempt = policy == "backfill_preemption"
-    return [
-        QueueSpec(
-            id=q,
-            project=q,
-            cohort="lab",
-            quota=dict(quota),
-            within="lower_priority" if preempt else "never",
-            reclaim="any" if preempt else "never",
-            grace_s=grace,
-        )
-        for q in ids
-    ]
+def queues(policy: str, quota: dict[int, int], ids=(1, 2)):
+    return policy_queues(policy, quota, ids)
 
 
 def reclaim_case(policy: str) -> float | None:

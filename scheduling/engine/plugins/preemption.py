@@ -34,6 +34,7 @@ import numpy as np
 from scheduling.choices import PreemptWithinQueue, ReclaimWithinCohort
 from scheduling.engine.framework import NEVER, OK, Code, CycleState, JobView, Status
 from scheduling.engine.snapshot import QuotaBook, Snapshot
+from scheduling.engine.timeline import lowest_in_one_cluster
 
 NOMINATION_SLACK_S = 120.0  # a nomination lapses this long after its victims should have stopped
 
@@ -236,18 +237,10 @@ def _capacity(
     if job.nodes == 1:
         chosen = [int(feasible[int(np.argmin(cost_row[feasible]))])]
     else:
-        chosen, best = [], NEVER
-        clusters = snap.cluster[feasible]
-        for cluster in np.unique(clusters):
-            in_cluster = feasible[clusters == cluster]
-            if len(in_cluster) < job.nodes:
-                continue
-            top = in_cluster[np.argsort(cost_row[in_cluster], kind="stable")[: job.nodes]]
-            total = float(cost_row[top].sum())
-            if total < best:
-                best, chosen = total, [int(r) for r in top]
-        if not chosen:
+        found = lowest_in_one_cluster(snap, cost_row, job.nodes, np.sum)
+        if found is None:
             return None
+        chosen = list(found[1])
     victims: list[int] = []
     for row in chosen:
         if row in prefix_end:
