@@ -114,10 +114,12 @@ def decide(
             parts += plugin.sort_key(state, snap, head)
         return (*parts, head.submitted_at, head.id)
 
-    heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
-    heapq.heapify(heap)
     masks: dict[Shape, tuple[np.ndarray, int, int]] = {}
     decisions: list[Placement] = []
+    if cache.nominated:
+        _nominees_first(profile, state, cache, snap, masks, decisions)
+    heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
+    heapq.heapify(heap)
     blocked: list[Blocked] = []
     aside: list[tuple[JobClass, JobView]] = []  # preemptors set aside so their classmates get a turn
     counter = len(heap)
@@ -156,9 +158,8 @@ def decide(
                 state.data["signature"] = hash((state.data["signature"], job.id))
             status = _with_words(status, state.data.pop("post_words", ""))
             preempted = len(state.data.get("preemptions", ())) > preempting
-            if len(cls) > 1 and (preempted or _nominee_behind(cache, cls)):
-                # It preempted: the next job of its class may too (each preempts for itself). Or
-                # a job behind it has GPUs held for it (its victims' GPUs): let it come up.
+            if len(cls) > 1 and preempted:
+                # It preempted: the next job of its class may too (each preempts for itself).
                 aside.append((cls, cache.queue.pop_head(cls)))
                 counter += 1
                 heapq.heappush(heap, (key(cls), counter, cls))
@@ -197,10 +198,35 @@ def decide(
     )
 
 
-def _nominee_behind(cache: SchedulerCache, cls: JobClass) -> bool:
-    """Whether a job of the class other than its head is a preemptor holding its victims' GPUs."""
-    nominated = cache.nominated
-    return bool(nominated) and any(job.id in nominated for _, job in cls.jobs[1:])
+def _nominees_first(
+    profile: Profile,
+    state: CycleState,
+    cache: SchedulerCache,
+    snap: Snapshot,
+    masks: dict[Shape, tuple[np.ndarray, int, int]],
+    decisions: list[Placement],
+) -> None:
+    """Preemptors whose victims have all stopped are placed before the queue is walked: the GPUs
+    held for them are theirs, wherever they sort in their class (a classmate ahead of them is
+    kept off those GPUs and would give the class up)."""
+    ready = [
+        cache.queue.jobs[job_id]
+        for job_id, nomination in cache.nominated.items()
+        if job_id in cache.queue.jobs and not any(v in cache.runs for v in nomination.victims)
+    ]
+    for job in sorted(ready, key=lambda j: (-j.priority, j.submitted_at, j.id)):
+        placement, _, _ = _place(profile, state, snap, job, masks)
+        if placement is None or _reserve(profile, state, snap, placement) is not None:
+            continue
+        cache.queue.remove(job.id)
+        cache.assume(
+            placement.job,
+            [(c.row, c.gpu_indices) for c in placement.nodes],
+            job.queue_id,
+            now=state.data["now"],
+        )
+        state.data["runs_version"] = cache.runs_version
+        decisions.append(placement)
 
 
 def _share_cache(
