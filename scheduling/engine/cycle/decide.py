@@ -169,14 +169,7 @@ def decide(
             continue
         assert placement is not None
         cache.queue.pop_head(cls)
-        cache.assume(
-            placement.job,
-            [(c.row, c.gpu_indices) for c in placement.nodes],
-            job.queue_id,
-            now=state.data["now"],
-        )
-        state.data["runs_version"] = cache.runs_version
-        decisions.append(placement)
+        _assume(cache, state, placement, decisions)
         if len(cls):
             counter += 1
             heapq.heappush(heap, (key(cls), counter, cls))
@@ -219,14 +212,17 @@ def _nominees_first(
         if placement is None or _reserve(profile, state, snap, placement) is not None:
             continue
         cache.queue.remove(job.id)
-        cache.assume(
-            placement.job,
-            [(c.row, c.gpu_indices) for c in placement.nodes],
-            job.queue_id,
-            now=state.data["now"],
-        )
-        state.data["runs_version"] = cache.runs_version
-        decisions.append(placement)
+        _assume(cache, state, placement, decisions)
+
+
+def _assume(
+    cache: SchedulerCache, state: CycleState, placement: Placement, decisions: list[Placement]
+) -> None:
+    """Count a decision in the cache at once (later decisions of the cycle see it) and keep it."""
+    job = placement.job
+    cache.assume(job, [(c.row, c.gpu_indices) for c in placement.nodes], job.queue_id, now=state.data["now"])
+    state.data["runs_version"] = cache.runs_version
+    decisions.append(placement)
 
 
 def _share_cache(
