@@ -8,6 +8,7 @@ so a large blocked class costs a few writes, not one per job per cycle.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection
@@ -99,8 +100,6 @@ def estimates(cache: SchedulerCache, found: dict[int, tuple[float, str, bool]], 
 
 
 def _set_estimates(rows: list[tuple[int, float | None, str, bool]]) -> None:
-    from datetime import UTC, datetime
-
     values = [
         (
             job_id,
