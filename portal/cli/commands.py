@@ -7,7 +7,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -112,13 +112,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     }
     if not args.all_projects:
         params["user"] = api.get("me")["username"]
+    return _list(
+        args, lambda: api.get("jobs", **params)["results"][: args.limit], render.JOB_HEADERS, render.job_rows
+    )
+
+
+def _list(
+    args: argparse.Namespace,
+    fetch: Callable[[], list[dict[str, Any]]],
+    headers: Sequence[str],
+    rows: Callable[[list[dict[str, Any]]], Any],
+) -> int:
+    """Print what ``fetch`` returns as a table (or ``--output``), again every few seconds with
+    ``--watch``."""
     while True:
-        page = api.get("jobs", **params)
-        jobs = page["results"][: args.limit]
+        jobs = fetch()
         if args.output == "table":
             if args.watch:
                 sys.stdout.write("\033[H\033[2J")
-            render.table(render.JOB_HEADERS, render.job_rows(jobs))
+            render.table(headers, rows(jobs))
         else:
             render.dump(jobs, args.output)
         if not args.watch:
@@ -139,22 +151,16 @@ def _pending_starts(args: argparse.Namespace, api: Client) -> int:
     }
     if not args.all_projects:
         params["user"] = api.get("me")["username"]
-    while True:
+
+    def fetch() -> list[dict[str, Any]]:
         page = api.get("jobs", **params)
         jobs = page["results"]
         while page.get("next") and len(jobs) < MAX_START_JOBS:
             page = api.follow(page["next"])
             jobs += page["results"]
-        jobs = render.by_expected_start(jobs)[: args.limit]
-        if args.output == "table":
-            if args.watch:
-                sys.stdout.write("\033[H\033[2J")
-            render.table(render.START_HEADERS, render.start_rows(jobs))
-        else:
-            render.dump(jobs, args.output)
-        if not args.watch:
-            return 0
-        time.sleep(POLL_S)
+        return render.by_expected_start(jobs)[: args.limit]
+
+    return _list(args, fetch, render.START_HEADERS, render.start_rows)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
