@@ -60,6 +60,11 @@ class PendingReason(models.TextChoices):
     REQUEUED = "Requeued", "Requeued; waiting to be placed again"
     NODE_LOST = "NodeLost", "Its node was lost"
     PREEMPTED = "Preempted", "Preempted by a job with a better claim; requeued"
+    DEPENDENCY_NEVER = "DependencyNeverSatisfied", "Its dependency can never be met"
+    MAX_JOBS_PER_USER = "QOSMaxJobsPerUserLimit", "Its owner runs as many jobs as the queue allows"
+    MAX_GPUS_PER_USER = "QOSMaxGRESPerUser", "Its owner holds as many GPUs as the queue allows"
+    ARRAY_TASK_LIMIT = "JobArrayTaskLimit", "Its array runs as many tasks as its throttle allows"
+    BUDGET_EXHAUSTED = "BudgetExhausted", "Its project's GPU-hour budget is used up"
 
 
 class PreemptWithinQueue(models.TextChoices):
@@ -120,3 +125,44 @@ class EventKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     TRANSITION = "transition", "State changed"
     NOTE = "note", "Note"
+    UPDATED = "updated", "Changed by a user"
+
+
+class DependencyKind(models.TextChoices):
+    """Slurm's dependency types (``singleton`` is stored as ``afterany`` on the earlier jobs of
+    the same name and owner)."""
+
+    AFTEROK = "afterok", "After it succeeds"
+    AFTERANY = "afterany", "After it ends"
+    AFTERNOTOK = "afternotok", "After it fails, times out or is cancelled"
+
+
+class DependencyState(models.TextChoices):
+    WAITING = "waiting", "Waiting"
+    MET = "met", "Met"
+    NEVER = "never", "Can never be met"
+
+
+class BudgetOverrun(models.TextChoices):
+    """What admission does with a job whose requested GPU-hours exceed what is left."""
+
+    REFUSE = "refuse", "Refuse the submission"
+    HOLD = "hold", "Accept it held until the budget is raised"
+
+
+class NotificationEvent(models.TextChoices):
+    ENDED = "ended", "Ended (any way)"
+    FAILED = "failed", "Failed"
+    TIMEOUT = "timeout", "Timed out"
+    PREEMPTED = "preempted", "Preempted"
+
+
+class NotificationChannel(models.TextChoices):
+    EMAIL = "email", "Email"
+    WEBHOOK = "webhook", "Webhook"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"

@@ -22,9 +22,15 @@ from scheduling.choices import (
     SHORT_CODES,
     TERMINAL_STATES,
     AttemptState,
+    BudgetOverrun,
+    DeliveryState,
+    DependencyKind,
+    DependencyState,
     EventKind,
     FailoverPolicy,
     JobState,
+    NotificationChannel,
+    NotificationEvent,
     PendingReason,
     PreemptWithinQueue,
     ReclaimWithinCohort,
@@ -181,6 +187,21 @@ class Job(models.Model):
         blank=True, help_text="The job's secret environment, sealed (foundation.sealing); never shown."
     )
 
+    # An array: every member carries the array's id (its first member's job id, as in Slurm) and
+    # its index; ``array_throttle`` (Slurm's ``%``) caps how many members run at once.
+    array_id = models.BigIntegerField(null=True, blank=True)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_throttle = models.PositiveIntegerField(null=True, blank=True)
+    dependency_pending = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Waits for other jobs (JobDependency): the scheduler does not consider it yet.",
+    )
+    # Accounting, written when the job ends: GPU-seconds over all its attempts and the cluster of
+    # its last attempt.
+    gpu_seconds = models.BigIntegerField(default=0, db_default=0)
+    ran_on = models.CharField(max_length=63, blank=True, default="", db_default="")
+
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)
     request_digest = models.CharField(max_length=64, blank=True, help_text="Hash of the submitted body.")
 
@@ -224,10 +245,34 @@ class Job(models.Model):
                 condition=Q(state="PENDING"),
                 name="job_pending_order_idx",
             ),
+            models.Index(
+                fields=["array_id", "array_index"],
+                condition=Q(array_id__isnull=False),
+                name="job_array_idx",
+            ),
+            # accounting: finished jobs by time, by owner, by project
+            models.Index(
+                fields=["-finished_at"], condition=Q(finished_at__isnull=False), name="job_finished_idx"
+            ),
+            models.Index(
+                fields=["owner", "-finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="job_owner_finished_idx",
+            ),
+            models.Index(
+                fields=["project", "-finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="job_project_finished_idx",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.id} {self.name}"
+
+    @property
+    def ref(self) -> str:
+        """The id users see: ``74`` for a job, ``74_3`` for member 3 of array 74."""
+        return f"{self.array_id}_{self.array_index}" if self.array_id is not None else str(self.pk)
 
     @property
     def short_state(self) -> str:
@@ -263,6 +308,9 @@ class JobAttempt(models.Model):
     stop_signal = models.CharField(max_length=8, blank=True, default="", db_default="")
     stop_grace_s = models.PositiveIntegerField(null=True, blank=True)
     signalled_at = models.DateTimeField(null=True, blank=True)
+    master_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The port a gang's head listens on (MASTER_PORT)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -439,3 +487,166 @@ class JobLog(models.Model):
 
     def __str__(self) -> str:
         return f"log of {self.attempt_id} on {self.node}"
+
+
+class JobDependency(models.Model):
+    """One edge of a dependency: ``job`` may start only when ``target`` has ended as ``kind``
+    asks. ``state`` turns ``met`` or ``never`` when the target ends; a job with an edge that can
+    never be met is cancelled."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    target = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents")
+    kind = models.CharField(max_length=12, choices=DependencyKind.choices)
+    state = models.CharField(max_length=8, choices=DependencyState.choices, default=DependencyState.WAITING)
+
+    class Meta:
+        ordering = ["job_id", "target_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "target", "kind"], name="dependency_unique_edge"),
+            models.CheckConstraint(condition=~Q(job=models.F("target")), name="dependency_not_self"),
+        ]
+        indexes = [
+            models.Index(fields=["target"], condition=Q(state="waiting"), name="dependency_waiting_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind}:{self.target_id} ({self.state})"
+
+
+class UsageDay(models.Model):
+    """The accounting roll-up: finished jobs and their GPU-seconds per day and per project,
+    queue, owner, GPU model, cluster and end state, added to in the transaction that ends each
+    job. Usage reports read these rows, never the millions of jobs."""
+
+    day = models.DateField()
+    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_constraint=False
+    )
+    gpu_model = models.CharField(max_length=63, blank=True, default="")
+    cluster = models.CharField(max_length=63, blank=True, default="")
+    state = models.CharField(max_length=12, choices=JobState.choices)
+    jobs = models.BigIntegerField(default=0)
+    gpu_seconds = models.BigIntegerField(default=0)
+    elapsed_seconds = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["day", "project_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "project", "queue", "owner", "gpu_model", "cluster", "state"],
+                name="usage_day_unique_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.project_id}/{self.queue_id} {self.gpu_seconds} GPU-s"
+
+
+class Budget(models.Model):
+    """GPU-hours a project (or one of its queues) may use between ``starts_at`` and ``ends_at``.
+    Admission reserves each job's requested GPU-hours (GPUs × time limit) with a compare-and-set
+    that never lets ``used + reserved`` pass the limit; when the job ends, its reservation is
+    replaced by what it actually used (``BudgetCharge``)."""
+
+    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="budgets")
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    gpu_hours = models.PositiveIntegerField(help_text="The limit, in GPU-hours.")
+    used_gpu_seconds = models.BigIntegerField(default=0, help_text="Charged by jobs that ended.")
+    reserved_gpu_seconds = models.BigIntegerField(
+        default=0, help_text="Requested by admitted jobs that have not ended."
+    )
+    on_overrun = models.CharField(max_length=8, choices=BudgetOverrun.choices, default=BudgetOverrun.REFUSE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project_id", "-starts_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="budget_window_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(used_gpu_seconds__gte=0) & Q(reserved_gpu_seconds__gte=0),
+                name="budget_amounts_nonneg",
+            ),
+            models.UniqueConstraint(
+                fields=["project", "starts_at"],
+                condition=Q(queue__isnull=True),
+                name="budget_unique_project_window",
+            ),
+            models.UniqueConstraint(
+                fields=["project", "queue", "starts_at"],
+                condition=Q(queue__isnull=False),
+                name="budget_unique_queue_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = f"{self.project}/{self.queue.name}" if self.queue_id else str(self.project)
+        return f"{where}: {self.gpu_hours} GPU-h from {self.starts_at:%Y-%m-%d}"
+
+
+class BudgetCharge(models.Model):
+    """What one job holds of one budget: its reservation while it waits or runs, its actual
+    GPU-seconds once it has ended (``settled``)."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="charges")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="budget_charges")
+    reserved_gpu_seconds = models.BigIntegerField(default=0)
+    charged_gpu_seconds = models.BigIntegerField(default=0)
+    settled = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["budget_id", "job_id"]
+        constraints = [models.UniqueConstraint(fields=["budget", "job"], name="charge_unique_per_job")]
+        indexes = [models.Index(fields=["job"], condition=Q(settled=False), name="charge_open_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on budget {self.budget_id}"
+
+
+class NotificationSetting(models.Model):
+    """A user's notifications: by email and/or to a webhook, for the events they chose."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"
+    )
+    email = models.BooleanField(default=False, help_text="Send an email to the user's address.")
+    webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret = models.TextField(blank=True, help_text="Signs webhook bodies; sealed, never shown.")
+    events = models.JSONField(default=list, blank=True, help_text="NotificationEvent values.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user}"
+
+
+class Notification(models.Model):
+    """The notification outbox: a row per message to deliver, written in the transaction that
+    moved the job, so none is lost; delivered (and retried with backoff) afterwards."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="notifications", db_constraint=False)
+    event = models.CharField(max_length=12, choices=NotificationEvent.choices)
+    channel = models.CharField(max_length=8, choices=NotificationChannel.choices)
+    state = models.CharField(max_length=8, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    payload = models.JSONField(default=dict)
+    tries = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"], condition=Q(state="pending"), name="notification_due_idx"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} to {self.user_id}: job {self.job_id} {self.event} ({self.state})"

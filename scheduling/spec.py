@@ -87,6 +87,7 @@ SPEC_FIELDS = {
     "sim",
     "preemptible",
     "preemption",
+    "dependency",
 }
 RESOURCE_FIELDS = {"nodes", "gpus", "cpus", "memory"}
 GPU_FIELDS = {"model", "models", "count"}
@@ -157,6 +158,9 @@ class JobSpec:
     preemption_signal: str
     preemption_grace_s: int | None  # None: the queue's grace period
     document: dict[str, Any] = field(repr=False)
+    array_throttle: int | None = None  # Slurm's "%N": at most N members run at once
+    # (kind, reference) pairs, references unresolved ("74", "74_3"); kind "singleton" has ref "".
+    dependency: tuple[tuple[str, str], ...] = ()
 
 
 class _Collector:

@@ -36,7 +36,8 @@ from scheduling.choices import (
 )
 from scheduling.events import JobsSubmitted
 from scheduling.models import Job, JobEvent, Queue
-from scheduling.services.transitions import allowed_sources, transition_job
+from scheduling.services import arrays, budgets, dependencies
+from scheduling.services.transitions import allowed_sources, transition_job, transition_jobs
 from scheduling.wakeup import request_cycle
 
 
@@ -61,6 +62,9 @@ class JobRequest:
     failover_policy: str = FailoverPolicy.HOLD
     spec: dict[str, Any] = field(default_factory=dict)
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    array_index: int | None = None  # a member of an array: its index (the array id is set at insert)
+    array_throttle: int | None = None
+    dependency: tuple[tuple[str, str], ...] = ()  # as in JobSpec.dependency, unresolved
 
     def digest(self) -> str:
         """A stable hash of what was asked, to tell a retry from a different request. Secret
@@ -148,6 +152,16 @@ def submit_jobs(
                 )
                 for job in jobs
             )
+            arrays.number(jobs, requests)
+            dependencies.attach(jobs, requests, actor)
+            for message, ids in budgets.reserve(jobs).items():  # jobs the budget admits held
+                transition_jobs(
+                    ids,
+                    JobState.HELD,
+                    only_from=JobState.PENDING,
+                    reason=PendingReason.BUDGET_EXHAUSTED,
+                    message=message,
+                )
             for project_id, ids in _ids_by_project(jobs).items():
                 publish_on_commit([f"project.{project_id}"], JobsSubmitted(project_id, ids[:100], len(ids)))
             audit.record(

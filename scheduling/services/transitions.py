@@ -53,6 +53,7 @@ from scheduling.choices import (
 from scheduling.dispatch.desired import forget_desired
 from scheduling.events import JobsChanged, JobStateChanged, job_groups
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent
+from scheduling.services.followups import after_moves
 from scheduling.wakeup import request_cycle
 
 S = JobState
@@ -141,6 +142,7 @@ def transition_job(
             audit.record(
                 audit_as, actor=actor, target=f"job:{job_id}", details=_audit_details(current, to, message)
             )
+        cancel_doomed(after_moves([job_id], current, to, now))
         job = Job.objects.get(pk=job_id)
         publish_on_commit(
             job_groups(job.pk, job.project_id),
@@ -218,6 +220,20 @@ def release_allocations(attempt_id: Any, now: Any) -> list[int]:
     return node_ids
 
 
+def cancel_doomed(job_ids: list[int]) -> None:
+    """Cancel waiting jobs a dependency of which can never be met (Slurm's
+    ``DependencyNeverSatisfied``, with ``kill_invalid_depend``): each cancel may doom others in
+    turn, in the same transaction."""
+    for state in (S.PENDING, S.HELD) if job_ids else ():
+        transition_jobs(
+            job_ids,
+            S.CANCELLED,
+            only_from=state,
+            reason=PendingReason.DEPENDENCY_NEVER,
+            message="a job it depends on ended in a way that can never satisfy the dependency",
+        )
+
+
 def transition_jobs(
     job_ids: list[int],
     to: str,
@@ -280,6 +296,7 @@ def transition_jobs(
             )
             for pk in moved
         )
+        cancel_doomed(after_moves(moved, only_from, to, now))
         by_project: dict[int, list[int]] = {}
         for pk, project_id in rows:
             by_project.setdefault(project_id, []).append(pk)
