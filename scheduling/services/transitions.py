@@ -258,6 +258,7 @@ def transition_jobs(
         rows = list(
             Job.objects.select_for_update()
             .filter(pk__in=job_ids, state=only_from)
+            .order_by("pk")  # one lock order for every writer: no deadlock with dependency checks
             .values_list("pk", "project_id")
         )
         moved = [pk for pk, _ in rows]
