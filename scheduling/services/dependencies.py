@@ -105,31 +105,32 @@ def attach(jobs: list[Job], requests: Sequence[Any], actor: AbstractBaseUser) ->
     visible = _visible(targets, actor)
     by_ref = _by_ref([t for t in targets if t.project_id in visible])
 
+    same_name: dict[str, list[Target]] = defaultdict(list)  # for singletons: the actor's unended jobs
+    for t in targets:
+        if t.owner_id == actor.pk and t.state not in TERMINAL_STATES:
+            same_name[t.name].append(t)
+
     edges: dict[tuple[int, int, str], str] = {}  # (job, target, kind) → state
     waits_for: dict[int, list[str]] = defaultdict(list)  # job → what it waits for, as asked
-    errors: list[str] = []
+    # problem → the first job it was found for: the members of an array share their problems,
+    # and each is told once
+    errors: dict[str, str] = {}
     several = len(jobs) > 1
     for job, pairs in wanted:
-        prefix = f"{job.name}: " if several else ""
         for kind, ref in pairs:
             if kind == SINGLETON:
-                found = [
-                    t
-                    for t in targets
-                    if t.owner_id == actor.pk and t.name == job.name and t.state not in TERMINAL_STATES
-                ]
+                found = same_name.get(job.name, [])
                 kind, shown = K.AFTERANY, f"earlier jobs named {job.name} (singleton)"
             else:
                 found, shown = by_ref.get(ref, []), f"{ref} ({kind})"
                 if not found:
-                    errors.append(f"{prefix}no job {ref} you can see")
+                    errors.setdefault(f"no job {ref} you can see", job.name)
             waiting = False
             for target in found:
                 state = _judge(kind, target.state)
                 if state == DependencyState.NEVER:
-                    errors.append(
-                        f"{prefix}job {target.ref} already ended {target.state}; {kind} can never be met"
-                    )
+                    never = f"job {target.ref} already ended {target.state}; {kind} can never be met"
+                    errors.setdefault(never, job.name)
                 waiting |= state == DependencyState.WAITING
                 edges[job.pk, target.pk, kind] = state
             if waiting:
@@ -137,10 +138,10 @@ def attach(jobs: list[Job], requests: Sequence[Any], actor: AbstractBaseUser) ->
         if len(edges) > MAX_EDGES:
             raise SpecError([(PATH, f"makes more than {MAX_EDGES} dependency edges; name fewer jobs")])
     if errors:
-        shown_errors = list(dict.fromkeys(errors))
-        more = len(shown_errors) - MAX_SHOWN_ERRORS
+        shown = [f"{name}: {problem}" if several else problem for problem, name in errors.items()]
+        more = len(shown) - MAX_SHOWN_ERRORS
         raise SpecError(
-            [(PATH, e) for e in shown_errors[:MAX_SHOWN_ERRORS]]
+            [(PATH, e) for e in shown[:MAX_SHOWN_ERRORS]]
             + ([(PATH, f"and {more} more problems")] if more > 0 else [])
         )
     JobDependency.objects.bulk_create(

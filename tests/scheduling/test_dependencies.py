@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from scheduling.choices import DependencyState, EventKind, JobState, PendingReason
 from scheduling.engine.cache import SchedulerCache
 from scheduling.models import Job, JobDependency, JobEvent
+from scheduling.services import dependencies
 from scheduling.services.jobs import JobRequest, hold_job, release_job, submit_job, submit_jobs
 from scheduling.services.transitions import transition_job
 from scheduling.spec import SpecError
@@ -216,6 +217,34 @@ def test_every_problem_is_listed_at_once_with_the_job_name_in_a_batch(alice, que
         ("spec.dependency", f"j0: job {failed.pk} already ended FAILED; afterok can never be met"),
         ("spec.dependency", "j1: no job 888888888 you can see"),
     ]
+
+
+@pytest.mark.django_db
+def test_the_members_of_a_dependent_array_wait_together_and_share_a_problem(alice, queue):
+    running, failed = make_job(alice, queue, state=S.RUNNING), make_job(alice, queue, state=S.FAILED)
+
+    def members(ref):
+        return [
+            JobRequest(name=f"sweep-{i}", queue=queue, command="true", dependency=(("afterok", ref),))
+            for i in range(3)
+        ]
+
+    jobs, _ = submit_jobs(members(str(running.pk)), actor=alice, batch=True)
+    assert [j.reason_message for j in jobs] == [f"waits for {running.pk} (afterok)"] * 3
+    assert Job.objects.filter(dependency_pending=True).count() == 3
+    with pytest.raises(SpecError) as refused:
+        submit_jobs(members(str(failed.pk)), actor=alice, batch=True)
+    never = f"sweep-0: job {failed.pk} already ended FAILED; afterok can never be met"
+    assert refused.value.errors == [("spec.dependency", never)]
+
+
+@pytest.mark.django_db
+def test_edges_are_bounded_per_submission(alice, queue, monkeypatch):
+    monkeypatch.setattr(dependencies, "MAX_EDGES", 2)
+    array_id = make_array(alice, queue, 3, state=S.RUNNING)[0].pk
+    with pytest.raises(SpecError, match="makes more than 2 dependency edges"):
+        submit(alice, queue, ("afterok", str(array_id)))
+    assert not JobDependency.objects.exists()
 
 
 @pytest.mark.django_db
