@@ -50,6 +50,8 @@ FAILOVER_POLICIES = ("requeue", "hold", "fail")
 MAX_GPU_MODELS = 16  # in one any-model request's list of preferences
 PREEMPTION_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")
 MAX_PREEMPTION_GRACE_S = 3600
+MAX_DEPENDENCY_REFS = 1000  # job or array references in one job's dependency
+DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")  # and "singleton", which takes no reference
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -62,6 +64,7 @@ _DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE | re.ASCII)
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 _ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE | re.ASCII)
 _ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$", re.ASCII)
+_JOB_REF = re.compile(r"(\d{1,18})(?:_(\d{1,9}))?", re.ASCII)
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 _BEYOND = 10**18  # more than any count, size or duration a spec holds
@@ -519,6 +522,95 @@ def parse_array(value: Any) -> list[int]:
     return sorted(indices)
 
 
+def parse_dependency(value: Any) -> tuple[tuple[str, str], ...]:
+    """``(kind, reference)`` pairs for Slurm's ``"afterok:74:75_3,afterany:80,singleton"`` or the
+    mapping ``{afterok: [74, "75_3"], afterany: [80], singleton: true}``; ``singleton`` has the
+    reference ``""``. A reference is a job or array id (``74``) or one array member (``74_3``),
+    in ASCII digits; duplicates are dropped, order is kept. Slurm's ``?`` (any of), ``after``
+    (after the start), ``aftercorr`` and ``+time`` are refused by name. Problems inside the
+    mapping raise ``FieldProblems`` naming the item (``.afterok[1]``)."""
+    if isinstance(value, dict):
+        pairs = _dependency_mapping(value)
+    elif isinstance(value, str):
+        pairs = _dependency_text(value)
+    else:
+        raise ValueError(f"must be like 'afterok:74:75_3,afterany:80' or a mapping, not {_kind(value)}")
+    if sum(1 for kind, _ in pairs if kind != "singleton") > MAX_DEPENDENCY_REFS:
+        raise ValueError(f"names at most {MAX_DEPENDENCY_REFS} jobs")
+    return tuple(dict.fromkeys(pairs))
+
+
+def _dependency_text(text: str) -> list[tuple[str, str]]:
+    if len(text) > 20 * MAX_DEPENDENCY_REFS:
+        raise ValueError(f"is too long; a dependency names at most {MAX_DEPENDENCY_REFS} jobs")
+    if not text.strip():
+        raise ValueError("is empty; leave it out when the job depends on nothing")
+    if "?" in text:
+        raise ValueError("'?' (any of) is not supported; separate dependencies with ',' (all must be met)")
+    pairs: list[tuple[str, str]] = []
+    for part in (p.strip() for p in text.split(",")):
+        kind, _, refs = part.partition(":")
+        kind = kind.strip().lower()
+        if kind == "singleton":
+            if refs:
+                raise ValueError("singleton takes no job id: it waits for your earlier jobs of the same name")
+            pairs.append(("singleton", ""))
+            continue
+        if kind not in DEPENDENCY_KINDS:
+            raise ValueError(_unknown_kind(kind))
+        if not refs:
+            raise ValueError(f"'{part[:40]}' names no job; use e.g. {kind}:74 or {kind}:74_3")
+        pairs += [(kind, job_ref(ref)) for ref in refs.split(":")]
+    return pairs
+
+
+def _dependency_mapping(value: dict[Any, Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    pairs: list[tuple[str, str]] = []
+    for key, refs in value.items():
+        kind = str(key).lower()
+        if kind == "singleton":
+            if not isinstance(refs, bool):
+                problems.append((".singleton", f"must be true or false, not {_kind(refs)}"))
+            elif refs:
+                pairs.append(("singleton", ""))
+            continue
+        if kind not in DEPENDENCY_KINDS:
+            problems.append((f".{path_key(key)}", _unknown_kind(kind)))
+            continue
+        items = refs if isinstance(refs, list) else [refs]
+        if len(items) > MAX_DEPENDENCY_REFS:
+            problems.append((f".{key}", f"names at most {MAX_DEPENDENCY_REFS} jobs"))
+            continue
+        for i, ref in enumerate(items):
+            where = f".{key}[{i}]" if isinstance(refs, list) else f".{key}"
+            try:
+                pairs.append((kind, job_ref(ref)))
+            except ValueError as exc:
+                problems.append((where, str(exc)))
+    if problems:
+        raise FieldProblems(problems)
+    return pairs
+
+
+def _unknown_kind(kind: str) -> str:
+    shown = f"'{kind[:40]}'" if kind else "an empty type"
+    return f"{shown} is not a dependency type; use afterok, afterany, afternotok or singleton"
+
+
+def job_ref(value: Any) -> str:
+    """A job reference in its canonical form: ``"74"`` for ``74``, ``"074"`` or ``" 74 "``;
+    ``"74_3"`` for an array member. Raises ValueError for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _BEYOND:
+        return str(value)
+    match = _JOB_REF.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match or int(match.group(1)) == 0:
+        shown = f"'{value[:40]}'" if isinstance(value, str) else _kind(value)
+        raise ValueError(f"{shown} is not a job id; use a job or array id (74) or an array member (74_3)")
+    job, member = match.groups()
+    return str(int(job)) if member is None else f"{int(job)}_{int(member)}"
+
+
 def parse_priority(value: Any) -> int:
     if value is None:
         return 0
@@ -645,6 +737,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     preemption = c.mapping(spec.get("preemption"), f"{p}spec.preemption", PREEMPTION_FIELDS)
     convert(preemption, "signal", f"{p}spec.preemption.signal", parse_signal, PREEMPTION_SIGNALS[0])
     convert(preemption, "grace", f"{p}spec.preemption.grace", parse_duration, None)
+    convert(spec, "dependency", f"{p}spec.dependency", parse_dependency, ())
     grace = values["grace"]
     if grace is not None and not 0 <= grace <= MAX_PREEMPTION_GRACE_S:
         c.add(
@@ -678,6 +771,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         clusters=clusters,
         node_selector=selector,
         retries=retries,
+        dependency=values["dependency"],
         failover=failover,
         array=values["array"],
         sim_duration_s=sim_duration,

@@ -136,6 +136,24 @@ JOB_SPEC_SCHEMA = {
                         },
                     },
                 },
+                "dependency": {
+                    "oneOf": [
+                        {"type": "string", "maxLength": 20000},
+                        {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                **{
+                                    kind: {"type": "array", "items": {"type": ["integer", "string"]}}
+                                    for kind in ("afterok", "afterany", "afternotok")
+                                },
+                                "singleton": {"type": "boolean"},
+                            },
+                        },
+                    ],
+                    "description": "afterok:74:75_3,afterany:80,singleton (Slurm's), or "
+                    "{afterok: [74, '75_3'], afterany: [80], singleton: true}; all must be met",
+                },
                 "sim": {
                     "type": "object",
                     "additionalProperties": False,

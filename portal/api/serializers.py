@@ -162,10 +162,24 @@ _REASON_SENTENCES = {
 
 class JobDetailSerializer(JobSerializer):
     spec = serializers.JSONField()
+    dependency = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "spec"]
+        fields = [*JobSerializer.Meta.fields, "spec", "dependency"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "array", "items": {"type": "object"}})
+    def get_dependency(self, job: Job) -> list[dict[str, str]]:
+        """What the job waits (or waited) for: one entry per job, ``{kind, job, state}`` with the
+        job as users name it (``74``, ``74_3``) and the state ``waiting``, ``met`` or ``never``;
+        at most 1000 entries."""
+        rows = job.dependencies.values_list(
+            "kind", "target_id", "target__array_id", "target__array_index", "state"
+        )[:1000]
+        return [
+            {"kind": kind, "job": str(pk) if array is None else f"{array}_{index}", "state": state}
+            for kind, pk, array, index, state in rows
+        ]
 
 
 class JobEventSerializer(serializers.ModelSerializer):

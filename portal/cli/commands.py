@@ -53,6 +53,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise ApiError(0, f"{args.file} is not valid YAML: {exc}") from None
     if not documents:
         raise ApiError(0, f"{args.file} holds no job spec")
+    for document in documents if args.dependency else ():  # sbatch's --dependency: every job waits
+        if isinstance(document, dict) and isinstance(document.get("spec"), dict):
+            document["spec"]["dependency"] = args.dependency
     api = client_for(args)
     # A key per invocation: a retried request after a network error cannot submit twice.
     headers = {"Idempotency-Key": args.idempotency_key or str(uuid.uuid4())}
@@ -349,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the job(s) end; exit 1 unless all succeed")
     p.add_argument("--dry-run", action="store_true", help="validate only, create nothing")
     p.add_argument("--idempotency-key", help="reuse to make a retried submission safe")
+    p.add_argument("-d", "--dependency", help="wait for other jobs: afterok:74:75_3,afterany:80, singleton")
 
     p = add("jobs", cmd_jobs, "List jobs (yours; --all-projects for your projects').")
     p.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s")

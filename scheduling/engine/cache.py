@@ -223,7 +223,9 @@ class SchedulerCache:
         self.runs = {}
         self._load_runs(set(held))
         self.queue = PendingQueue()
-        self.queue.load(self._views(Job.objects.filter(state=JobState.PENDING)))
+        # A job waiting on a dependency is not considered until it is released ("dependency met":
+        # an event, so the sync below re-reads it).
+        self.queue.load(self._views(Job.objects.filter(state=JobState.PENDING, dependency_pending=False)))
         self.built_at = time.monotonic()
 
     def _quota_book(self, model_index: dict[int, int]) -> QuotaBook:
@@ -489,7 +491,7 @@ class SchedulerCache:
                     }
                 model = snap.model_index.get(job.gpu_model_id, -1) if job and job.gpu_model_id else -1
                 self._count(job_id, held_now, snap.row_of, gpu_index, job.queue_id if job else 0, model)
-            if job is not None and job.state == JobState.PENDING:
+            if job is not None and job.state == JobState.PENDING and not job.dependency_pending:
                 self.queue.upsert(self._view(job))
             else:
                 self.queue.remove(job_id)

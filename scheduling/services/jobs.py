@@ -345,7 +345,9 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
     operator tries to release an operator's or a failover hold; the job's row is locked while
     this is decided, so a hold placed concurrently is never released by mistake."""
     with transaction.atomic():
-        reason = Job.objects.select_for_update().values_list("reason", flat=True).get(pk=job.pk)
+        reason, waits = (
+            Job.objects.select_for_update().values_list("reason", "dependency_pending").get(pk=job.pk)
+        )
         if reason in OPERATOR_HOLDS and not (actor is None or actor.is_staff):
             who = (
                 "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
@@ -355,7 +357,7 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
             job.pk,
             JobState.PENDING,
             actor=actor,
-            reason=PendingReason.NONE,
+            reason=PendingReason.DEPENDENCY if waits else PendingReason.NONE,  # still not schedulable
             message=message or _by(actor, "released"),
             audit_as=AuditAction.JOB_RELEASE,
             only_from=ACTION_SOURCES["release"],

@@ -85,6 +85,7 @@ def build_requests(
         retries=spec.retries,
         failover_policy=spec.failover,
         secret_env=spec.secret_env,
+        dependency=spec.dependency,
     )
     normalised["timeLimitSeconds"] = time_limit_s
     if spec.array is None:

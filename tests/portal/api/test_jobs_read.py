@@ -323,7 +323,9 @@ def test_out_of_range_ids_are_a_404(api, alice, queue, pk):
 
 
 @pytest.mark.parametrize(
-    "path, queries", [("", 4), ("/{job}", 4), ("/{job}/events", 3)], ids=["list", "detail", "events"]
+    "path, queries",
+    [("", 4), ("/{job}", 5), ("/{job}/events", 3)],  # detail: + its dependencies, one query
+    ids=["list", "detail", "events"],
 )
 def test_job_reads_take_a_fixed_number_of_queries(
     api, alice, queue, fleet, path, queries, django_assert_num_queries

@@ -1,0 +1,93 @@
+"""``orrery submit --dependency`` end to end: the CLI as a real process against a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from portal.services.tokens import issue_token
+from scheduling.choices import JobState
+from scheduling.models import Job
+from scheduling.services.transitions import transition_job
+from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SPEC = """\
+apiVersion: orrery/v1
+kind: Job
+metadata: {name: step, project: vision}
+spec:
+  resources: {gpus: "h100:1"}
+  timeLimit: 30m
+  run: python step.py
+"""
+
+
+@pytest.fixture
+def cli(live_server, tmp_path):
+    alice = make_user("alice")
+    make_queue(make_project("vision", members=(alice,)))
+    make_node(make_cluster("sim-a"), gpus=8, model="h100")
+    _, token = issue_token(alice)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
+    env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml")}
+    spec = tmp_path / "step.yaml"
+    spec.write_text(SPEC)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "portal.cli.commands", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert run("login", "--server", live_server.url, "--token", token).returncode == 0
+
+    def submit(*args: str) -> subprocess.CompletedProcess:
+        return run("submit", "-f", str(spec), *args)
+
+    run.submit = submit  # type: ignore[attr-defined]
+    return run
+
+
+def _submitted_id(result: subprocess.CompletedProcess) -> int:
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[2])
+
+
+def _run_to(job_id: int, state: str) -> None:
+    """The job runs and ends as ``state`` (no scheduler runs here: moved as a cluster would)."""
+    Job.objects.filter(pk=job_id).update(state=JobState.RUNNING)
+    transition_job(job_id, state)
+
+
+def test_afterok_waits_for_success_and_is_cancelled_by_a_failure(cli):
+    first = _submitted_id(cli.submit())
+    waiting = cli.submit("--dependency", f"afterok:{first}")
+    second = _submitted_id(waiting)
+    assert "PENDING: Dependency" in waiting.stdout
+    shown = json.loads(cli("show", str(second), "-o", "json").stdout)
+    assert (shown["reason"], shown["reasonMessage"]) == ("Dependency", f"waits for {first} (afterok)")
+    assert shown["dependency"] == [{"kind": "afterok", "job": str(first), "state": "waiting"}]
+
+    _run_to(first, JobState.SUCCEEDED)
+    released = Job.objects.get(pk=second)
+    assert (released.state, released.reason, released.dependency_pending) == ("PENDING", "None", False)
+
+    doomed = _submitted_id(cli.submit("-d", f"afterok:{second},afterany:{first}"))
+    _run_to(second, JobState.FAILED)
+    events = cli("events", str(doomed)).stdout
+    assert "CANCELLED" in events and "DependencyNeverSatisfied" in events
+    assert Job.objects.get(pk=doomed).state == JobState.CANCELLED
+
+    refused = cli.submit("--dependency", f"afterok:{second}")
+    assert refused.returncode == 1
+    assert "spec.dependency" in refused.stderr
+    assert f"job {second} already ended FAILED; afterok can never be met" in refused.stderr
