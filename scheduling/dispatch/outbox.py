@@ -44,6 +44,7 @@ from clusters.adapters.base import AdapterError, RemoteState, Sent, Work
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from scheduling.dispatch.desired import forget_desired
+from scheduling.dispatch.ports import assign_master_ports
 from scheduling.dispatch.remote import apply_remote_states
 from scheduling.dispatch.works import load_works
 from scheduling.models import DispatchOutbox, JobAttempt
@@ -174,6 +175,8 @@ def _drain(cluster: Cluster, rows: list[tuple[int, Any]]) -> tuple[int, int]:
     live = [(pk, attempt) for pk, attempt in rows if attempt in active]
     if not live:
         return 0, 0
+    if adapter_for(cluster.kind).runs_user_code:
+        assign_master_ports(attempt for _, attempt in live)  # before the works are read: they carry it
     return len(live), _deliver(cluster, live)
 
 
