@@ -7,6 +7,9 @@ became of each as the adapter yields it: sent (with the cluster's own id, and th
 move when the cluster made one at once), or tried and why not (the row stays pending and the
 next drain tries again).
 
+Before a cluster's works are read, each attempt of a kind that runs user code gets the port its
+gang agrees on (``ports.assign_master_ports``; kept once chosen).
+
 Delivery is idempotent at both ends: the remote job is named after the attempt, so a drain that
 dies after delivering and before recording finds, rather than duplicates, the job next time; and
 only one drain at a time delivers to a cluster (a session-level PostgreSQL advisory lock per
