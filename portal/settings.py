@@ -478,3 +478,8 @@ ORRERY_DISPATCH_PER_S_BY_KIND = {
         item.partition("=") for item in env_list("ORRERY_DISPATCH_PER_S_BY_KIND", "simulated=0,native=0")
     )
 }
+# The ports a gang's head may listen on (MASTER_PORT, scheduling/dispatch/ports.py): where the
+# attempts on a node share its network, each gang headed there gets the lowest one of
+# [BASE, BASE + PORTS) that no other active attempt on that node holds.
+ORRERY_MASTER_PORT_BASE = int(os.environ.get("ORRERY_MASTER_PORT_BASE", 29500))
+ORRERY_MASTER_PORTS = int(os.environ.get("ORRERY_MASTER_PORTS", 1000))

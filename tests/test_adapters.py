@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -79,7 +80,7 @@ class World:
         if self.adapter.sync_every_s is not None:
             sync_cluster(self.cluster)
 
-    def job(self, command: str, *, exit_code: int = 0, seconds: float = 0) -> Job:
+    def job(self, command: str, *, exit_code: int = 0, seconds: float = 0, env: dict | None = None) -> Job:
         return make_job(
             self.queue.project.memberships.get().user,
             self.queue,
@@ -88,7 +89,8 @@ class World:
             placement={"clusters": [self.cluster.name]},
             command=command,
             spec={"sim": {"durationSeconds": seconds, "exitCode": exit_code}}
-            | ({"image": self.image} if self.image else {}),
+            | ({"image": self.image} if self.image else {})
+            | ({"env": env} if env else {}),
         )
 
     def until(self, job: Job, *states: str, timeout: float = 60.0) -> Job:
@@ -258,11 +260,27 @@ class KubeletPlayer:
                     continue
                 code = int(script.split()[1]) if script.startswith("exit ") else 0
                 if script.startswith("echo "):
-                    fake.set_pod_log(ns, name, script[5:] + "\n")
+                    fake.set_pod_log(ns, name, self._expand(pod, script[5:]) + "\n")
                 terminated = {
                     "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
                 }
                 self._status(name, "Succeeded" if code == 0 else "Failed", terminated)
+
+    POD_IP = "10.244.0.7"
+
+    def _expand(self, pod: dict[str, Any], text: str) -> str:
+        """``$NAME`` as the container's shell would see it: the pod's env, with the fields a
+        kubelet fills in (its IP, its completion index)."""
+        env = {}
+        for item in pod["spec"]["containers"][0].get("env") or []:
+            field = (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "")
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            elif field == "status.podIP":
+                env[item["name"]] = self.POD_IP
+            elif "job-completion-index" in field:
+                env[item["name"]] = pod["metadata"]["name"].split("-")[-2]
+        return re.sub(r"\$([A-Za-z_][A-Za-z0-9_]*)", lambda m: env.get(m.group(1), ""), text)
 
     def _status(self, pod: str, phase: str, state: dict[str, Any]) -> None:
         status = {
@@ -365,3 +383,50 @@ def test_a_cancelled_job_stops_on_the_cluster(world):
         time.sleep(0.3)
     world.sync()
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED  # nothing moved it back
+
+
+LAUNCH = (
+    "echo launch addr=$MASTER_ADDR port=$MASTER_PORT nodes=$NNODES node=$NODE_RANK rank=$RANK "
+    "world=$WORLD_SIZE local=$LOCAL_WORLD_SIZE head=$ORRERY_HEAD_ADDR oport=$ORRERY_MASTER_PORT "
+    "onodes=$ORRERY_NNODES onode=$ORRERY_NODE_RANK oworld=$ORRERY_WORLD_SIZE olocal=$ORRERY_LOCAL_WORLD_SIZE"
+)
+
+
+def test_a_job_gets_the_launch_environment_whatever_its_own_env_says(world):
+    mine = {"MASTER_PORT": "1", "MASTER_ADDR": "evil", "RANK": "9", "WORLD_SIZE": "99", "ORRERY_NNODES": "7"}
+    job = world.job(LAUNCH, env=mine)
+    _place(world, job)
+    done = world.until(job, JobState.SUCCEEDED, JobState.FAILED)
+    assert done.state == JobState.SUCCEEDED
+    attempt = JobAttempt.objects.get(job=job)
+    if not world.runs_commands:
+        assert attempt.master_port is None  # nothing runs, nothing listens: no port taken
+        return
+    assert attempt.master_port == 29500  # the first gang headed on its node
+    end = time.monotonic() + 30
+    while not [x for x in log_tail(job.pk, 10)[0] if "launch " in x] and time.monotonic() < end:
+        world.sync()
+        time.sleep(0.3)
+    (line,) = [x.split("launch ", 1)[1] for x in log_tail(job.pk, 10)[0] if "launch " in x]
+    seen = dict(item.split("=", 1) for item in line.split())
+    if world.cluster.kind == ClusterKind.NATIVE:
+        head = Node.objects.get(cluster=world.cluster).labels.get("orrery.io/address")
+    elif world.cluster.kind == ClusterKind.SLURM:
+        head = attempt.allocations.get(gpu__isnull=True).node.name  # the allocation's first host
+    else:
+        head = KubeletPlayer.POD_IP  # a single pod is its own head
+    assert seen == {
+        "addr": head,
+        "port": "29500",
+        "nodes": "1",
+        "node": "0",
+        "rank": "0",
+        "world": "1",
+        "local": "1",
+        "head": head,
+        "oport": "29500",
+        "onodes": "1",
+        "onode": "0",
+        "oworld": "1",
+        "olocal": "1",
+    }

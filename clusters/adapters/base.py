@@ -127,6 +127,9 @@ class Work:
     secret_names: frozenset[str] = frozenset()
     #: Set when the attempt was preempted: it is to stop (``Stop``), never to start.
     stop: Stop | None = None
+    #: The port agreed for the attempt's head (``MASTER_PORT``), chosen when its start is
+    #: dispatched; None for a kind that runs no user code.
+    master_port: int | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -229,6 +232,10 @@ class ClusterAdapter(Protocol):
     #: Whether users' code really runs there, under a POSIX account (``Work.run_as``); a kind
     #: that only pretends needs no account.
     runs_user_code: ClassVar[bool]
+    #: Whether the attempts on one node share its network (native agents, Slurm): the head of
+    #: each gang then needs a port of its own there. False where each attempt has its own
+    #: network namespace (a Kubernetes pod): every head listens on the same port.
+    shares_node_network: ClassVar[bool]
 
     def inventory(self, cluster: Cluster) -> Inventory: ...
 

@@ -22,6 +22,7 @@ class NativeAdapter:
     runs_images: ClassVar[bool] = True
     image_label: ClassVar[str | None] = "orrery.io/containers"  # agents that found podman say so
     needs_image: ClassVar[bool] = False
+    shares_node_network: ClassVar[bool] = True
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = False
     inventory_every_s: ClassVar[float] = 10.0

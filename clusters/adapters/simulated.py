@@ -29,6 +29,7 @@ class SimulatedAdapter:
     runs_images: ClassVar[bool] = True  # nothing runs: any image "runs"
     image_label: ClassVar[str | None] = None
     needs_image: ClassVar[bool] = False
+    shares_node_network: ClassVar[bool] = False  # nothing listens
     runs_user_code: ClassVar[bool] = False
     pulls_inventory: ClassVar[bool] = False
     inventory_every_s: ClassVar[float] = 10.0

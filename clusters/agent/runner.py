@@ -342,6 +342,9 @@ class Runner:
             "ORRERY_NODE_RANK": str(entry.get("node_rank", 0)),
             "ORRERY_HEAD_ADDR": str(entry.get("head_addr", "")),
             "ORRERY_GPUS_PER_NODE": str(len(gpus)),
+            # MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK…: the gang's agreement, as the server
+            # computed it for this node; last, so the job's own env cannot change it
+            **{str(k): str(v) for k, v in (entry.get("launch") or {}).items()},
         }
         if bad := [k for k in env if not ENV_NAME.fullmatch(k)]:
             raise Refused(f"not an environment variable name: {bad[0][:64]!r}")

@@ -21,10 +21,12 @@ from typing import Any
 from django.core.cache import cache
 
 from clusters.adapters.base import LogChunk, Phase, RemoteState
+from clusters.adapters.launch import launch_env
 from clusters.models import Node
 from foundation.sealing import seal, unseal
 from scheduling.choices import ACTIVE_STATES
 from scheduling.dispatch.desired import TTL_S, desired_key
+from scheduling.dispatch.ports import assign_master_ports
 from scheduling.dispatch.remote import apply_remote_states
 from scheduling.dispatch.works import load_works
 from scheduling.models import Allocation, JobAttempt
@@ -63,12 +65,17 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
             "pk", "labels"
         )
     )
+    # An agent may read an attempt before the drain has acknowledged its start: it is dispatched
+    # now, with its gang's port (the same the drain keeps, and every other node of it gets).
+    ports = assign_master_ports(w.attempt_id for w in works if w.master_port is None)
     desired = []
     for work in works:
         ranks = [s.node_id for s in work.shares]
         if node_id not in ranks:
             continue
         head = work.shares[0]
+        head_addr = (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node
+        rank = ranks.index(node_id)
         desired.append(
             {
                 "attempt": work.attempt_id,
@@ -87,8 +94,17 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
                 "gpus": list(work.shares[ranks.index(node_id)].gpu_indices),
                 "time_limit_s": work.time_limit_s,
                 "nnodes": len(ranks),
-                "node_rank": ranks.index(node_id),
-                "head_addr": (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node,
+                "node_rank": rank,
+                "head_addr": head_addr,
+                # the launch environment of this node (clusters/adapters/launch.py): the agent
+                # sets it after the job's own env, which cannot override it
+                "launch": launch_env(
+                    nnodes=len(ranks),
+                    gpus_per_node=work.gpus_per_node,
+                    master_port=work.master_port or ports.get(work.attempt_id),
+                    node_rank=rank,
+                    head_addr=head_addr,
+                ),
             }
             | ({"stop": {"signal": work.stop.signal, "grace_s": work.stop.grace_s}} if work.stop else {})
         )

@@ -7,6 +7,9 @@ became of each as the adapter yields it: sent (with the cluster's own id, and th
 move when the cluster made one at once), or tried and why not (the row stays pending and the
 next drain tries again).
 
+Before a cluster's works are read, each attempt of a kind that runs user code gets the port its
+gang agrees on (``ports.assign_master_ports``; kept once chosen).
+
 Delivery is idempotent at both ends: the remote job is named after the attempt, so a drain that
 dies after delivering and before recording finds, rather than duplicates, the job next time; and
 only one drain at a time delivers to a cluster (a session-level PostgreSQL advisory lock per
@@ -44,6 +47,7 @@ from clusters.adapters.base import AdapterError, RemoteState, Sent, Work
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from scheduling.dispatch.desired import forget_desired
+from scheduling.dispatch.ports import assign_master_ports
 from scheduling.dispatch.remote import apply_remote_states
 from scheduling.dispatch.works import load_works
 from scheduling.models import DispatchOutbox, JobAttempt
@@ -174,6 +178,8 @@ def _drain(cluster: Cluster, rows: list[tuple[int, Any]]) -> tuple[int, int]:
     live = [(pk, attempt) for pk, attempt in rows if attempt in active]
     if not live:
         return 0, 0
+    if adapter_for(cluster.kind).runs_user_code:
+        assign_master_ports(attempt for _, attempt in live)  # before the works are read: they carry it
     return len(live), _deliver(cluster, live)
 
 

@@ -47,6 +47,7 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
             "stop_signal",
             "stop_grace_s",
             "signalled_at",
+            "master_port",
             "cluster_id",
             "job__owner_id",
         )
@@ -74,7 +75,7 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
 
 def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
     job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, secret = row[:11]
-    stop_at, signal, grace, signalled_at = row[11:15]
+    stop_at, signal, grace, signalled_at, master_port = row[11:16]
     spec = spec or {}
     env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
     sim = spec.get("sim")
@@ -107,6 +108,7 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         )
         if stop_at
         else None,
+        master_port=master_port,
     )
 
 

@@ -20,7 +20,7 @@ from clusters.choices import ClusterKind, ClusterState, Identity, NodeState
 from clusters.models import Node
 from clusters.services.credentials import create_join_token
 from portal.services.tokens import issue_token
-from scheduling.models import Allocation
+from scheduling.models import Allocation, JobAttempt
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
 from tests.processes import Service, celery_worker_argv, control_plane_env, free_port, spawn_agent, wait
 
@@ -198,27 +198,41 @@ def test_jobs_run_on_real_processes(world):
     wait(lambda: not _alive(pgid), "the process group to be killed", timeout=15)
 
 
-def test_a_gang_starts_on_both_nodes_with_one_head(world):
-    job = submit(
-        world,
-        "gang",
-        # The head's exit decides a gang, and ends the other ranks: give both time to start.
-        'echo "rank=$ORRERY_NODE_RANK of $ORRERY_NNODES head=$ORRERY_HEAD_ADDR"; sleep 3',
-        gpus="h100:2",
-        resources={"nodes": 2},
+def test_gangs_start_on_both_nodes_with_one_head_and_a_port_each(world):
+    # Two gangs at once, both headed on the lowest node: each gets its own MASTER_PORT there,
+    # and all ranks of a gang agree on the address, the port and the world. The head's exit
+    # decides a gang, and ends the other ranks: give both time to start.
+    launch = (
+        'echo "rank=$ORRERY_NODE_RANK of $ORRERY_NNODES head=$ORRERY_HEAD_ADDR '
+        "launch=$MASTER_ADDR:$MASTER_PORT/$ORRERY_MASTER_PORT node=$NODE_RANK rank=$RANK world=$WORLD_SIZE "
+        'local=$LOCAL_WORLD_SIZE nodes=$NNODES"; sleep 3'
     )
-    wait(lambda: state_of(world, job, "SUCCEEDED"), "the gang to finish")
-    lines = wait(
-        lambda: (
-            len(api(world, "GET", f"jobs/{job}/logs")["lines"]) >= 2
-            and api(world, "GET", f"jobs/{job}/logs")["lines"]
-        ),
-        "both nodes' output",
-    )
-    ranks = sorted(line.split("] ", 1)[1] for line in lines if "rank=" in line)
-    heads = {r.rsplit("head=", 1)[1] for r in ranks}
-    assert len(heads) == 1 and heads <= {"n1.lab", "n2.lab"}, ranks
-    assert [r.split(" head=")[0] for r in ranks] == ["rank=0 of 2", "rank=1 of 2"]
+    jobs = [
+        submit(world, f"gang{i}", launch, gpus="h100:1", resources={"nodes": 2}, env={"MASTER_PORT": "1"})
+        for i in range(2)
+    ]
+    ports = set()
+    for job in jobs:
+        wait(lambda j=job: state_of(world, j, "SUCCEEDED"), "the gang to finish")
+        lines = wait(
+            lambda j=job: (
+                len(api(world, "GET", f"jobs/{j}/logs")["lines"]) >= 2
+                and api(world, "GET", f"jobs/{j}/logs")["lines"]
+            ),
+            "both nodes' output",
+        )
+        ranks = sorted(line.split("] ", 1)[1] for line in lines if "rank=" in line)
+        heads = {r.split("head=", 1)[1].split()[0] for r in ranks}
+        assert len(heads) == 1 and heads <= {"n1.lab", "n2.lab"}, ranks
+        (head,) = heads
+        assert [r.split(" head=")[0] for r in ranks] == ["rank=0 of 2", "rank=1 of 2"]
+        port = JobAttempt.objects.get(job_id=job).master_port
+        assert [r.split(" launch=")[1] for r in ranks] == [
+            f"{head}:{port}/{port} node=0 rank=0 world=2 local=1 nodes=2",
+            f"{head}:{port}/{port} node=1 rank=1 world=2 local=1 nodes=2",
+        ]
+        ports.add(port)
+    assert ports == {29500, 29501}  # two gangs headed on one node, running side by side
 
 
 def test_node_loss_follows_the_failover_policy_and_a_restarted_agent_cleans_up(world):

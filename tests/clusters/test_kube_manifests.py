@@ -72,7 +72,7 @@ def test_one_node_job_is_pinned_by_node_affinity_with_limits_deadline_and_no_ret
         "limits": {"memory": str(128 * 2**30), "nvidia.com/gpu": "2"},
     }
     assert env_of(job) | {"LR": "0.1"} == env_of(job)
-    assert env_of(job)["ORRERY_ATTEMPT_ID"] == ATTEMPT and "MASTER_ADDR" not in env_of(job)
+    assert env_of(job)["ORRERY_ATTEMPT_ID"] == ATTEMPT
 
 
 def test_the_pod_runs_as_the_given_non_root_uid_without_privileges():
@@ -137,11 +137,12 @@ def test_a_gang_is_an_indexed_job_on_exactly_its_nodes_one_pod_each_with_rendezv
         "topologyKey": "kubernetes.io/hostname",
     }
     env = env_of(job)
-    assert (
-        env["MASTER_ADDR"] == f"{name}-0.{name}" and env["WORLD_SIZE"] == "3" and env["ORRERY_NNODES"] == "3"
-    )
+    assert env["MASTER_ADDR"] == env["ORRERY_HEAD_ADDR"] == f"{name}-0.{name}"  # pod 0 of the Service
     index = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-    assert env["RANK"] == index == env["ORRERY_NODE_RANK"]  # the job's own RANK cannot override it
+    assert env["NODE_RANK"] == index == env["ORRERY_NODE_RANK"]
+    # 2 GPUs a node: RANK is the index times 2, which an env entry cannot compute; the script does
+    assert "RANK" not in env  # and the job's own RANK is dropped
+    assert pod["containers"][0]["command"][-1] == 'export RANK="$((NODE_RANK * 2))"; python train.py'
     service = service_manifest(work(nodes=3), "t0")
     assert service["metadata"]["name"] == name and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
@@ -170,3 +171,60 @@ def test_which_gpus_a_container_sees_is_never_the_jobs_to_say():
     assert with_gpus["CUDA_VISIBLE_DEVICES"] == "0"  # narrowing what the device plugin gave is fine
     cpu_only = work(env=greedy, shares=(Share(1, "dgx-001", ()),))
     assert env_of(job_manifest(cpu_only, "t0", uid=1000, gid=1000))["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+PORT_ANY = {"MASTER_PORT": "29500", "ORRERY_MASTER_PORT": "29500"}
+INDEX = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+POD_IP = {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "expected", "script"),
+    [
+        (
+            1,
+            (0, 1, 2, 3),
+            {"NNODES": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "0", "RANK": "0"}
+            | {"MASTER_ADDR": POD_IP, "ORRERY_HEAD_ADDR": POD_IP, "ORRERY_WORLD_SIZE": "4"},
+            "python train.py",
+        ),
+        (
+            1,
+            (),
+            {"NNODES": "1", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0", "RANK": "0"},
+            "python train.py",
+        ),
+        (
+            2,
+            (0,),
+            {"NNODES": "2", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": INDEX, "RANK": INDEX}
+            | {"ORRERY_LOCAL_WORLD_SIZE": "1", "ORRERY_NNODES": "2"},
+            "python train.py",
+        ),
+        (
+            4,
+            tuple(range(8)),
+            {"NNODES": "4", "WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8", "NODE_RANK": INDEX}
+            | {"ORRERY_WORLD_SIZE": "32", "ORRERY_NODE_RANK": INDEX},
+            'export RANK="$((NODE_RANK * 8))"; python train.py',
+        ),
+    ],
+    ids=["one-node-4-gpus", "one-node-cpu", "gang-1-gpu-each", "gang-4x8"],
+)
+def test_every_pod_gets_the_launch_environment_and_the_job_cannot_override_it(nodes, gpus, expected, script):
+    mine = {"MASTER_PORT": "1234", "WORLD_SIZE": "99", "ORRERY_NODE_RANK": "5", "NNODES": "7", "LR": "0.1"}
+    w = work(env=mine, shares=tuple(Share(i + 1, f"dgx-{i + 1:03d}", gpus) for i in range(nodes)))
+    job = job_manifest(w, "t0", uid=1000, gid=1000)
+    env = env_of(job)
+    assert {k: env.get(k) for k in expected | PORT_ANY} == expected | PORT_ANY
+    assert (
+        env["LR"] == "0.1"
+        and [e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]].count("MASTER_PORT")
+        == 1
+    )
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["/bin/sh", "-c", script]
+
+
+def test_the_agreed_port_is_every_pods_port():
+    env = env_of(job_manifest(work(nodes=2, master_port=29517), "t0", uid=1000, gid=1000))
+    assert env["MASTER_PORT"] == env["ORRERY_MASTER_PORT"] == "29517"

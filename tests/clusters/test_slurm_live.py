@@ -234,6 +234,44 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(hpc, api, alice, 
     assert timed_out["exitCode"] is None
 
 
+def test_a_gang_runs_once_on_each_node_with_one_launch_environment(hpc, api, alice, queue):
+    as_alice = api(alice)
+    run = (
+        'echo "launch $SLURMD_NODENAME $MASTER_ADDR:$MASTER_PORT node=$NODE_RANK rank=$RANK '
+        'world=$WORLD_SIZE local=$LOCAL_WORLD_SIZE nodes=$NNODES head=$ORRERY_HEAD_ADDR"'
+    )
+    body = slurm_job("gang", run, "a100:2", env={"MASTER_PORT": "1"})
+    body["spec"]["resources"]["nodes"] = 2
+    answer = as_alice.post("/api/v1/jobs", body, format="json")
+    assert answer.status_code == 201, answer.content
+    job = answer.json()["id"]
+    assert run_cycle(SchedulerCache()).placed == 1
+    assert drain_outbox() == 1
+    port = JobAttempt.objects.get(job_id=job).master_port
+    assert port == 29500
+
+    def ended() -> dict | None:
+        sync_cluster(hpc)
+        found = as_alice.get(f"/api/v1/jobs/{job}").json()
+        return found if found["state"] in ("SUCCEEDED", "FAILED") else None
+
+    assert wait(ended, "the gang to finish", timeout=60)["state"] == "SUCCEEDED"
+    lines = wait(
+        lambda: [x for x in as_alice.get(f"/api/v1/jobs/{job}/logs").json()["lines"] if "launch " in x],
+        "its output",
+        timeout=60,
+    )
+    seen = sorted(x.split("launch ", 1)[1] for x in lines)
+    nodes = sorted(
+        Allocation.objects.filter(job_id=job, gpu__isnull=True).values_list("node__name", flat=True)
+    )
+    head = nodes[0]  # Slurm's first node of the allocation (n1 < n2 < n3 < n4 in slurm.conf)
+    assert seen == [
+        f"{nodes[0]} {head}:{port} node=0 rank=0 world=4 local=2 nodes=2 head={head}",
+        f"{nodes[1]} {head}:{port} node=1 rank=2 world=4 local=2 nodes=2 head={head}",
+    ]
+
+
 def test_holds_in_orrery_and_in_slurm(hpc, api, alice, queue):
     cluster = hpc
     as_alice = api(alice)

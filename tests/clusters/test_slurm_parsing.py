@@ -209,7 +209,7 @@ def _work(**fields) -> Work:
         epoch=9,
         script=fields.pop("script", "cd /w && python train.py"),
         env=fields.pop("env", {"LR": "0.1"}),
-        shares=(Share(1, "n1", (0, 1)), Share(2, "n2", (2, 3))),
+        shares=fields.pop("shares", (Share(1, "n1", (0, 1)), Share(2, "n2", (2, 3)))),
         time_limit_s=61,
         **fields,
     )
@@ -227,8 +227,11 @@ def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
     assert "--export=NONE" in argv  # nothing of the control plane's environment
     assert not any(a.startswith("--wrap") or ("=" in a and "LR" in a) for a in argv)
     script = batch_script(_work())
-    assert script.startswith("#!/bin/sh\n") and script.endswith("cd /w && python train.py\n")
+    assert script.startswith("#!/bin/sh\n") and script.endswith("cd /w && python train.py'\n")
     assert "export ORRERY_ATTEMPT=2\n" in script and "export ORRERY_NNODES=2\n" in script
+    assert "\nexec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --whole --kill-on-bad-exit=1 " in script
+    alone = batch_script(_work(shares=(Share(1, "n1", (0, 1)),)))
+    assert "srun" not in alone and alone.endswith("\ncd /w && python train.py\n")  # one node: as it is
 
 
 @pytest.mark.parametrize(
@@ -370,7 +373,7 @@ def test_env_values_cannot_inject_variables_or_commands(tmp_path):
         "C": "$(touch " + str(tmp_path / "pwned2") + ")`id`",
         "D": "line one\nline two",
     }
-    script = batch_script(_work(env=hostile, script="env"))
+    script = batch_script(_work(env=hostile, script="env", shares=(Share(1, "n1", (0,)),)))
     ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env={}, check=True)
     seen = dict(line.split("=", 1) for line in ran.stdout.split("\n") if "=" in line and line[:1].isupper())
     assert seen["A"] == hostile["A"] and "ORRERY_INJECTED" not in seen
@@ -379,3 +382,73 @@ def test_env_values_cannot_inject_variables_or_commands(tmp_path):
     assert seen["PATH"].startswith("/usr/local/sbin") and seen["ORRERY_JOB_ID"] == "5"
     with pytest.raises(SlurmError, match="not an environment variable name"):
         batch_script(_work(env={"X;rm -rf /": "1"}))
+
+
+# Stand-ins for Slurm's own commands, to run a batch script here for real (no Slurm runs where
+# these tests do; tests/clusters/test_slurm_live.py runs the same on a real one): ``scontrol show
+# hostnames`` expands the node list, ``srun`` runs its task once per node with that node's
+# SLURM_NODEID and SLURMD_NODENAME, as slurmd would, and records its options.
+FAKE_SCONTROL = '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "n1\\nn2\\n"\n'
+FAKE_SRUN = """#!/bin/sh
+echo "$@" > "$SRUN_ARGS"
+n=1; for a in "$@"; do case $a in --nodes=*) n=${a#--nodes=};; esac; done
+while [ $# -gt 0 ] && [ "$1" != /bin/sh ]; do shift; done
+i=0; while [ $i -lt $n ]; do SLURM_NODEID=$i SLURMD_NODENAME=n$((i + 1)) "$@" || exit $?; i=$((i + 1)); done
+"""
+PRINT_ENV = (
+    'echo "$SLURMD_NODENAME $MASTER_ADDR:$MASTER_PORT nodes=$NNODES node=$NODE_RANK rank=$RANK '
+    "world=$WORLD_SIZE local=$LOCAL_WORLD_SIZE head=$ORRERY_HEAD_ADDR port=$ORRERY_MASTER_PORT "
+    'o=$ORRERY_NNODES/$ORRERY_NODE_RANK/$ORRERY_WORLD_SIZE/$ORRERY_LOCAL_WORLD_SIZE lr=$LR"'
+)
+
+
+@pytest.mark.parametrize(
+    ("shares", "expected"),
+    [
+        (
+            (Share(1, "n1", (0, 1, 2, 3)),),
+            ["n1 n1:29507 nodes=1 node=0 rank=0 world=4 local=4 head=n1 port=29507 o=1/0/4/4 lr=0.1"],
+        ),
+        (
+            (Share(1, "n1", ()),),
+            ["n1 n1:29507 nodes=1 node=0 rank=0 world=1 local=1 head=n1 port=29507 o=1/0/1/1 lr=0.1"],
+        ),
+        (
+            (Share(1, "n1", (0, 1)), Share(2, "n2", (2, 3))),
+            [
+                "n1 n1:29507 nodes=2 node=0 rank=0 world=4 local=2 head=n1 port=29507 o=2/0/4/2 lr=0.1",
+                "n2 n1:29507 nodes=2 node=1 rank=2 world=4 local=2 head=n1 port=29507 o=2/1/4/2 lr=0.1",
+            ],
+        ),
+    ],
+    ids=["one-node-4-gpus", "one-node-cpu", "gang-2x2"],
+)
+def test_every_node_of_a_slurm_job_gets_the_launch_environment(tmp_path, shares, expected):
+    import subprocess
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    # the job's own values for the platform's names are dropped: a rank of its own splits the gang
+    mine = {"LR": "0.1", "MASTER_PORT": "1", "RANK": "9", "NODE_RANK": "9", "ORRERY_NNODES": "9"}
+    script = batch_script(_work(env=mine, script=PRINT_ENV, shares=shares, master_port=29507))
+    env = {
+        "PATH": f"{bin_}:/usr/bin:/bin",
+        "SLURM_JOB_NODELIST": "n[1-2]" if len(shares) > 1 else "n1",
+        "SLURMD_NODENAME": "n1",  # the batch script runs on the allocation's first node
+        "SRUN_ARGS": str(tmp_path / "srun.args"),
+    }
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert ran.stdout.splitlines() == expected
+    if len(shares) > 1:
+        assert (tmp_path / "srun.args").read_text().split()[:7] == [
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            "--whole",
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+            "/bin/sh",
+        ]

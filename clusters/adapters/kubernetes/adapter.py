@@ -78,6 +78,7 @@ class KubernetesAdapter:
     runs_images: ClassVar[bool] = True
     image_label: ClassVar[str | None] = None
     needs_image: ClassVar[bool] = True
+    shares_node_network: ClassVar[bool] = False  # a pod per node, each its own network
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
     inventory_every_s: ClassVar[float] = 2.0  # a pass reads the informers; unchanged, it skips

@@ -21,9 +21,10 @@ cannot pin each index to a different node, so the template allows exactly the ch
 ``kubernetes.io/hostname``): every chosen node gets one pod, but which index lands where is the
 scheduler's choice. Orrery's GPUs per node are the same on every node of a gang, so nothing
 depends on it. (One Job per rank would pin each rank, at the price of N Jobs to create, watch
-and delete per attempt, and no Job-level "all indices succeeded".) Each pod gets
-``MASTER_ADDR`` (index 0's name), ``MASTER_PORT``, ``WORLD_SIZE`` (nodes) and ``RANK`` (its
-completion index): node-level values for ``torchrun --nnodes=$WORLD_SIZE --node-rank=$RANK``.
+and delete per attempt, and no Job-level "all indices succeeded".) Each pod gets the launch
+environment (``clusters.adapters.launch``): ``MASTER_ADDR`` (index 0's name), ``MASTER_PORT``
+(the same on every pod: each has its own network), ``NODE_RANK`` (its completion index),
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``RANK``.
 
 Security: no service account token is mounted, no service links; the container runs as a
 non-root uid (``Identity``: the cluster's shared uid or the user's mapped uid) with no
@@ -39,16 +40,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from clusters.adapters.base import Work
+from clusters.adapters.launch import HEAD_NAMES, LAUNCH_NAMES, launch_env, local_world_size
 
 LABEL_JOB = "orrery.io/job-id"
 LABEL_ATTEMPT = "orrery.io/attempt-id"
 LABEL_TAG = "orrery.io/tag"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "orrery"}
 CONTAINER = "main"
-MASTER_PORT = 29500
 _INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
 # Which GPUs a container sees is the device plugin's to say, never the job's: with the NVIDIA
 # runtime's environment-variable strategy, a job naming ``all`` would see GPUs others hold.
 _DEVICE_VARIABLES = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"})
@@ -203,41 +203,55 @@ def _container(work: Work, name: str, gpu_resource: str) -> dict[str, Any]:
         },
     }
     if work.script:
-        container["command"] = ["/bin/sh", "-c", work.script]
+        container["command"] = ["/bin/sh", "-c", _rank_prelude(work) + work.script]
     return container
 
 
 def _env(work: Work, name: str) -> list[dict[str, Any]]:
+    """The job's own env, then the ``ORRERY_*`` names and the launch environment
+    (``clusters.adapters.launch``), which the job's env cannot override. A gang's head is pod 0
+    of the headless Service (``<job>-0.<job>``) and each pod's rank its completion index; a
+    single pod is its own head (its pod IP)."""
     nodes = len(work.shares)
     plain = {
         "ORRERY_JOB_ID": str(work.job_id),
         "ORRERY_ATTEMPT": str(work.number),
         "ORRERY_ATTEMPT_ID": work.attempt_id,
-        "ORRERY_NNODES": str(nodes),
         "ORRERY_GPUS_PER_NODE": str(work.gpus_per_node),
-    }
-    if nodes > 1:
-        plain |= {
-            "MASTER_ADDR": f"{name}-0.{name}",
-            "MASTER_PORT": str(MASTER_PORT),
-            "WORLD_SIZE": str(nodes),
-        }
+    } | launch_env(
+        nnodes=nodes,
+        gpus_per_node=work.gpus_per_node,
+        master_port=work.master_port,
+        node_rank=0 if nodes <= 1 else None,
+        head_addr=f"{name}-0.{name}" if nodes > 1 else None,
+    )
     own = {str(k): str(v) for k, v in work.env.items()}
     bad = [k for k in own if not _ENV_NAME.fullmatch(k)]
     if bad:
         raise ManifestError(f"not an environment variable name: {bad[0]!r}")
-    own = {k: v for k, v in own.items() if k not in _DEVICE_VARIABLES}
+    own = {k: v for k, v in own.items() if k not in _DEVICE_VARIABLES and k not in LAUNCH_NAMES}
     if not work.gpus_per_node:
         plain["NVIDIA_VISIBLE_DEVICES"] = "void"  # no GPU asked: none visible, whatever the image says
-    if nodes > 1:
-        own = {k: v for k, v in own.items() if k not in _RESERVED}  # a gang's rendezvous is Orrery's
     env = [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": name, "key": k}}}
         if k in work.secret_names
         else {"name": k, "value": v}
         for k, v in (own | plain).items()
     ]
-    if nodes > 1:
-        index = {"valueFrom": {"fieldRef": {"fieldPath": _INDEX}}}
-        env += [{"name": "RANK", **index}, {"name": "ORRERY_NODE_RANK", **index}]
+    if nodes <= 1:
+        pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        return env + [{"name": n, **pod_ip} for n in HEAD_NAMES]
+    index = {"valueFrom": {"fieldRef": {"fieldPath": _INDEX}}}
+    env += [{"name": "NODE_RANK", **index}, {"name": "ORRERY_NODE_RANK", **index}]
+    if local_world_size(work.gpus_per_node) == 1:
+        env.append({"name": "RANK", **index})  # else the script's first line (``_rank_prelude``)
     return env
+
+
+def _rank_prelude(work: Work) -> str:
+    """What a gang's script starts with where ``RANK`` is not its node's index (several GPUs a
+    node): a Kubernetes env entry can copy a field but not multiply it."""
+    local = local_world_size(work.gpus_per_node)
+    if len(work.shares) <= 1 or local == 1:
+        return ""
+    return f'export RANK="$((NODE_RANK * {local}))"; '

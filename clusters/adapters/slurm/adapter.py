@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from clusters.adapters.base import Inventory, LogChunk, Phase, RemoteState, Sent, Synced, Work
+from clusters.adapters.launch import LAUNCH_NAMES, launch_env, local_world_size
 from clusters.adapters.slurm.accounts import (
     Account,
     NoAccount,
@@ -71,6 +72,7 @@ class SlurmAdapter:
     runs_images: ClassVar[bool] = False
     image_label: ClassVar[str | None] = None
     needs_image: ClassVar[bool] = False
+    shares_node_network: ClassVar[bool] = True
     runs_user_code: ClassVar[bool] = True
     pulls_inventory: ClassVar[bool] = True
     inventory_every_s: ClassVar[float] = 10.0
@@ -254,16 +256,30 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def batch_script(work: Work) -> str:
     """The batch script of an attempt: a plain environment (a default ``PATH``, ``HOME`` and
-    ``USER`` of the account it runs as), the ``ORRERY_*`` variables and the job's own ``env``,
-    each quoted for the shell, then the job's script. No value can inject a variable or a
-    command, and nothing of the control plane's environment is there to read."""
+    ``USER`` of the account it runs as), the job's own ``env``, then the ``ORRERY_*`` variables
+    and the launch environment (``clusters.adapters.launch``; the job's ``env`` cannot override
+    them), each quoted for the shell, then the job's script. No value can inject a variable or a
+    command, and nothing of the control plane's environment is there to read.
+
+    The batch script runs on the first node of the allocation. ``MASTER_ADDR`` is that node (the
+    first host of ``SLURM_JOB_NODELIST``, rank 0: ``SLURM_NODEID`` counts in the same order). A
+    gang's script runs once on every node, as on every kind: one ``srun`` task per node with all
+    of the node's allocation (``--whole``), its rank ``NODE_RANK = SLURM_NODEID``; the first task
+    to fail ends the others (``--kill-on-bad-exit``) and the job's exit code is the highest."""
+    nodes = len(work.shares)
+    own = {str(k): str(v) for k, v in work.env.items() if str(k) not in LAUNCH_NAMES}
     variables = {
+        **own,
         "ORRERY_JOB_ID": str(work.job_id),
         "ORRERY_ATTEMPT": str(work.number),
         "ORRERY_ATTEMPT_ID": work.attempt_id,
-        "ORRERY_NNODES": str(len(work.shares)),
         "ORRERY_GPUS_PER_NODE": str(work.gpus_per_node),
-        **{str(k): str(v) for k, v in work.env.items()},
+        **launch_env(
+            nnodes=nodes,
+            gpus_per_node=work.gpus_per_node,
+            master_port=work.master_port,
+            node_rank=0 if nodes <= 1 else None,
+        ),
     }
     bad = [k for k in variables if not _ENV_NAME.fullmatch(k)]
     if bad:
@@ -275,7 +291,23 @@ def batch_script(work: Work) -> str:
         'export USER="${USER:-$(id -un)}"',
         'export HOME="${HOME:-$(getent passwd "$(id -un)" | cut -d: -f6)}"',
         *(f"export {k}={shlex.quote(v)}" for k, v in variables.items()),
-        work.script,
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)"',
+        'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
+        'export ORRERY_HEAD_ADDR="$MASTER_ADDR"',
+    ]
+    if nodes <= 1:
+        return "\n".join([*lines, work.script]) + "\n"
+    local = local_world_size(work.gpus_per_node)
+    rank = (
+        'export NODE_RANK="$SLURM_NODEID" ORRERY_NODE_RANK="$SLURM_NODEID" '
+        f'RANK="$((SLURM_NODEID * {local}))"'
+    )
+    lines += [
+        # The job was submitted with --export=NONE, which its steps would inherit: they get the
+        # environment above instead.
+        "export SLURM_EXPORT_ENV=ALL",
+        f"exec srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --whole --kill-on-bad-exit=1 "
+        f"--export=ALL /bin/sh -c {shlex.quote(f'{rank}; {work.script}')}",
     ]
     return "\n".join(lines) + "\n"
 
