@@ -13,12 +13,10 @@ broker, and a doorbell after each commit that wrote rows)::
 Delivery is at least once: a pass that dies after sending and before marking sends again once
 its claim runs out. Receivers de-duplicate on ``X-Orrery-Delivery``, the row's id.
 
-A webhook URL is the user's, so it is an attacker's: it must be http(s) and every address its
-host resolves to must be public (no loopback, private, link-local — the cloud metadata service
-at 169.254.169.254 — shared, reserved or multicast address), checked when the settings are saved
-and again at each delivery, which then connects to the very address it checked (a name that
+A webhook URL is the user's, so it is an attacker's: ``webhook_urls.check_webhook_url`` vets it
+again at each delivery, which then connects to the very address it checked (a name that
 resolves elsewhere a second later gains nothing). Redirects are not followed, a response is read
-for at most 1 KiB. ``ORRERY_WEBHOOK_ALLOW_PRIVATE`` lets an operator allow private targets.
+for at most 1 KiB.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
-import ipaddress
 import json
 import logging
 import random
@@ -37,7 +34,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -49,6 +45,7 @@ from foundation.sealing import SealBroken
 from scheduling.choices import DeliveryState, NotificationChannel
 from scheduling.models import Notification, NotificationSetting
 from scheduling.services.notifications import TEST_EVENT, webhook_secret
+from scheduling.services.webhook_urls import Target, UnsafeWebhook, check_webhook_url
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +53,6 @@ BACKOFF_BASE_S = 30.0
 BACKOFF_CAP_S = 3600.0
 READ_LIMIT = 1024  # bytes of a response kept, for last_error
 USER_AGENT = "Orrery-Webhook/1"
-
-
-class UnsafeWebhook(ValueError):
-    """A webhook URL that may not be called: its scheme, its form, or where its host resolves."""
 
 
 class DeliveryFailed(Exception):
@@ -267,66 +260,6 @@ def send_webhook(row: Notification, url: str, secret: str) -> None:
     if not 200 <= status < 300:
         kind = "redirects are not followed" if 300 <= status < 400 else "not a 2xx answer"
         raise DeliveryFailed(f"webhook answered {status} ({kind}): {excerpt}")
-
-
-@dataclass(frozen=True)
-class Target:
-    """A webhook URL taken apart, with the addresses its host resolved to (all allowed)."""
-
-    scheme: str
-    host: str
-    port: int
-    path: str
-    addresses: tuple[str, ...]
-
-
-def check_webhook_url(url: str) -> Target:
-    """The URL's target when it may be called: http or https, a host, no credentials, and every
-    address the host resolves to public (or ``ORRERY_WEBHOOK_ALLOW_PRIVATE``). Resolves the
-    host; raises ``UnsafeWebhook`` saying why not."""
-    if len(url) > 500:
-        raise UnsafeWebhook("must be at most 500 characters")
-    if any(ch.isspace() or not ch.isprintable() for ch in url):
-        raise UnsafeWebhook("must not contain spaces or control characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise UnsafeWebhook(f"not a valid URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in {"http", "https"}:
-        raise UnsafeWebhook("must be an http:// or https:// URL")
-    if not parts.hostname:
-        raise UnsafeWebhook("must name a host")
-    if parts.username is not None or parts.password is not None:
-        raise UnsafeWebhook("must not hold credentials; verify the signature instead")
-    host = parts.hostname
-    port = port or (443 if scheme == "https" else 80)
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError, OSError) as exc:
-        raise UnsafeWebhook(f"the host {host!r} cannot be resolved ({exc})") from None
-    addresses = tuple(dict.fromkeys(str(info[4][0]).split("%")[0] for info in found))
-    if not addresses:
-        raise UnsafeWebhook(f"the host {host!r} cannot be resolved")
-    if not settings.ORRERY_WEBHOOK_ALLOW_PRIVATE:
-        for address in addresses:
-            if not is_public(address):
-                raise UnsafeWebhook(
-                    f"the host {host!r} resolves to {address}, which is not a public address "
-                    "(loopback, private, link-local and reserved addresses are refused)"
-                )
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Target(scheme, host, port, path, addresses)
-
-
-def is_public(address: str) -> bool:
-    """True for a public unicast address: not loopback, private, link-local (cloud metadata),
-    shared (CGNAT), reserved, unspecified or multicast — also when written as IPv4-mapped IPv6."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
 
 
 class _PinnedHTTP(http.client.HTTPConnection):

@@ -39,6 +39,7 @@ from foundation import sealing
 from foundation.secrets import new_secret
 from scheduling.choices import EventKind, JobState, NotificationChannel, NotificationEvent
 from scheduling.models import Job, JobEvent, Notification, NotificationSetting
+from scheduling.services.webhook_urls import UnsafeWebhook, check_webhook_url
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +209,6 @@ def save_settings(
     (resolved now, and again at each delivery); setting one where there was none, or another
     one, makes a new secret, returned this once. Clearing the URL drops the secret. Raises
     ``SettingsRefused`` and saves nothing when a rule refuses."""
-    from scheduling.services.notification_delivery import UnsafeWebhook, check_webhook_url
-
     chosen = set(events)
     if unknown := sorted(chosen - set(NotificationEvent.values)):
         raise SettingsRefused("events", f"unknown event '{unknown[0][:40]}'; use {', '.join(E.values)}")
@@ -292,3 +291,9 @@ def send_test(user: AbstractBaseUser, *, now: datetime | None = None) -> list[No
     if rows:
         nudge()
     return rows
+
+
+def recent_notifications(user: AbstractBaseUser, limit: int = 10) -> list[Notification]:
+    """The user's latest messages, newest first, with their delivery state (a settings page
+    shows them, so a user can see why a webhook fails)."""
+    return list(Notification.objects.filter(user=user).order_by("-pk")[:limit])

@@ -20,16 +20,10 @@ from django.utils import timezone
 
 from scheduling.choices import DeliveryState, JobState
 from scheduling.models import Notification, NotificationSetting
-from scheduling.services.notification_delivery import (
-    UnsafeWebhook,
-    check_webhook_url,
-    deliver_due,
-    email_subject,
-    is_public,
-    retry_delay,
-)
-from scheduling.services.notifications import enqueue, save_settings, send_test
+from scheduling.services.notification_delivery import deliver_due, email_subject, retry_delay
+from scheduling.services.notifications import SettingsRefused, enqueue, save_settings, send_test
 from scheduling.services.transitions import transition_job, transition_jobs
+from scheduling.services.webhook_urls import UnsafeWebhook, check_webhook_url, is_public
 from tests.factories import make_job
 
 S = JobState
@@ -431,8 +425,6 @@ def test_is_public(address, public):
 @pytest.mark.django_db
 def test_an_unsafe_url_is_refused_at_save(alice, settings):
     settings.ORRERY_WEBHOOK_ALLOW_PRIVATE = False
-    from scheduling.services.notifications import SettingsRefused
-
     with pytest.raises(SettingsRefused, match="not a public address") as refused:
         save_settings(alice, email=False, webhook_url="http://169.254.169.254/", events=["ended"])
     assert refused.value.field == "webhookUrl"
