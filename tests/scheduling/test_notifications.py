@@ -8,6 +8,7 @@ import hmac
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -429,3 +430,43 @@ def test_an_unsafe_url_is_refused_at_save(alice, settings):
         save_settings(alice, email=False, webhook_url="http://169.254.169.254/", events=["ended"])
     assert refused.value.field == "webhookUrl"
     assert not NotificationSetting.objects.exists()
+
+
+# --- driven by the embedded timer -------------------------------------------------------------
+
+
+def deliver_then_disconnect() -> None:
+    """The periodic task, then its thread's connection closed (the test database is dropped at
+    the end of the run, which an idle connection of a finished thread would hold up)."""
+    from django.db import connection
+
+    from scheduling.tasks import deliver_notifications_task
+
+    try:
+        deliver_notifications_task()
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_embedded_timer_delivers_what_a_committed_move_wrote(alice, queue, settings):
+    """The embedded default's stand-in for beat runs the same task on an in-process timer."""
+    from portal.embedded import start_embedded_timers
+
+    settings.REDIS_URL = ""  # the embedded default: no broker to ring
+    settings.ORRERY_EMBEDDED_TASKS = [("tests.scheduling.test_notifications.deliver_then_disconnect", 0.05)]
+    subscribe(alice, ["ended"])
+    job = make_job(alice, queue, state=S.RUNNING, name="timed")
+    stop = threading.Event()
+    threads = start_embedded_timers(stop)
+    try:
+        transition_job(job.pk, S.SUCCEEDED)  # commits: the row is the timer's to send
+        deadline = time.monotonic() + 5
+        while not mail.outbox and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+    assert [m.subject for m in mail.outbox] == [f"[Orrery] job {job.pk} timed SUCCEEDED"]
+    assert Notification.objects.get().state == DeliveryState.SENT
