@@ -25,7 +25,7 @@ from scheduling.services.notification_delivery import deliver_due, email_subject
 from scheduling.services.notifications import SettingsRefused, enqueue, save_settings, send_test
 from scheduling.services.transitions import transition_job, transition_jobs
 from scheduling.services.webhook_urls import UnsafeWebhook, check_webhook_url, is_public
-from tests.factories import make_job
+from tests.factories import make_job, make_user
 
 S = JobState
 ALL_EVENTS = ["ended", "failed", "timeout", "preempted"]
@@ -125,7 +125,10 @@ def test_nothing_for_users_without_settings_and_one_query_to_know(
     ids = [job.pk for job in jobs]
     with django_assert_num_queries(0):  # no event: not even a query
         enqueue(ids, S.PENDING, S.SCHEDULED, timezone.now())
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(1):  # nobody has settings: one probe of that table
+        enqueue(ids, S.PENDING, S.CANCELLED, timezone.now())
+    subscribe(make_user("carol"), ALL_EVENTS)
+    with django_assert_num_queries(2):  # someone has, but none of these owners
         enqueue(ids, S.PENDING, S.CANCELLED, timezone.now())
     assert sorted(transition_jobs(ids, S.CANCELLED, only_from=S.PENDING)) == ids
     assert not Notification.objects.exists()
@@ -137,7 +140,7 @@ def test_a_bulk_move_notifies_only_subscribers_in_a_few_statements(
 ):
     subscribe(bob, ["ended"], webhook_url="http://93.184.216.34/hook")
     jobs = [make_job(alice if i % 2 else bob, queue, state=S.CANCELLED) for i in range(40)]
-    with django_assert_num_queries(3):  # jobs with settings, their end reasons, one insert
+    with django_assert_num_queries(4):  # anyone? jobs with settings, their end reasons, one insert
         enqueue([job.pk for job in jobs], S.PENDING, S.CANCELLED, timezone.now())
     bobs = sorted(job.pk for job in jobs if job.owner_id == bob.pk)
     assert sorted(Notification.objects.filter(channel="email").values_list("job_id", flat=True)) == bobs
