@@ -234,6 +234,7 @@ _PERIODIC = {
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
     # every 2 s; each kind keeps its own pace (adapter.inventory_every_s)
     "cluster-inventory": ("clusters.tasks.take_inventories_task", 2.0),
+    "deliver-notifications": ("scheduling.tasks.deliver_notifications_task", 5.0),
 }
 # Each task's role; role R's queue is "<ORRERY_CELERY_QUEUE>.R", so production runs workers per
 # role (`celery worker -Q orrery.scheduling`) and a flood of one kind never waits in front of
@@ -253,6 +254,7 @@ _TASK_ROLES = {
     "scheduling.tasks.dispatch_outbox_task": "dispatch",
     "scheduling.tasks.sync_clusters_task": "dispatch",
     "scheduling.tasks.sync_cluster_task": "dispatch",
+    "scheduling.tasks.deliver_notifications_task": "notifications",
 }
 CELERY_TASK_ROUTES = {task: {"queue": f"{ORRERY_CELERY_QUEUE}.{role}"} for task, role in _TASK_ROLES.items()}
 CELERY_TASK_DEFAULT_QUEUE = f"{ORRERY_CELERY_QUEUE}.notifications"  # a task with no route of its own
@@ -430,6 +432,19 @@ if ORRERY_TOKEN_MAX_DAYS < 1:
     )
 ORRERY_REDIS_PREFIX = os.environ.get("ORRERY_REDIS_PREFIX", "orrery:")
 ORRERY_FAILOVER_PER_MINUTE = int(os.environ.get("ORRERY_FAILOVER_PER_MINUTE", 10))
+
+# Notifications (scheduling/services/notification_delivery.py; docs/security.md, "Webhooks").
+# Email goes through Django's mail framework (EMAIL_HOST, EMAIL_PORT…); links in messages start
+# with ORRERY_PUBLIC_URL. A webhook may not target a loopback, private, link-local or reserved
+# address unless ORRERY_WEBHOOK_ALLOW_PRIVATE (a site whose receivers live on its own network).
+DEFAULT_FROM_EMAIL = os.environ.get("ORRERY_FROM_EMAIL", "orrery@localhost")
+EMAIL_HOST = os.environ.get("ORRERY_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("ORRERY_EMAIL_PORT", 25))
+EMAIL_TIMEOUT = 10
+ORRERY_PUBLIC_URL = os.environ.get("ORRERY_PUBLIC_URL", "http://localhost:8000")
+ORRERY_WEBHOOK_ALLOW_PRIVATE = env_bool("ORRERY_WEBHOOK_ALLOW_PRIVATE", False)
+ORRERY_WEBHOOK_TIMEOUT_S = float(os.environ.get("ORRERY_WEBHOOK_TIMEOUT_S", 5))
+ORRERY_NOTIFY_MAX_TRIES = int(os.environ.get("ORRERY_NOTIFY_MAX_TRIES", 8))
 
 # Hearing, flapping and ingest flow control (clusters/services/hearing.py, lifecycle.py,
 # clusters/ingest/flow.py; docs/architecture.md, "Heartbeats and node lifecycle").

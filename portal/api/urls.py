@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal.api import views
+from portal.api import notifications, views
 
 app_name = "api"
 urlpatterns = [
@@ -29,4 +29,11 @@ urlpatterns = [
     path("me", views.MeView.as_view(), name="me"),
     path("tokens", views.TokenListView.as_view(), name="tokens"),
     path("tokens/<int:pk>", views.TokenDetailView.as_view(), name="token"),
+    path("me/notifications", notifications.NotificationSettingsView.as_view(), name="notifications"),
+    path(
+        "me/notifications/rotate-secret",
+        notifications.RotateSecretView.as_view(),
+        name="notifications-rotate-secret",
+    ),
+    path("me/notifications/test", notifications.NotificationTestView.as_view(), name="notifications-test"),
 ]
