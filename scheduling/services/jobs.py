@@ -351,6 +351,8 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
                 "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
             )
             raise OperatorsOnly(f"job {job.pk} was held by {who}; only an operator may release it")
+        if reason == PendingReason.BUDGET_EXHAUSTED:  # reserve its ask now, or stay held (409)
+            budgets.reserve_released(job.pk)
         return transition_job(
             job.pk,
             JobState.PENDING,
