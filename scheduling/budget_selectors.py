@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.utils import timezone
 
 from scheduling.choices import JobState, PendingReason
@@ -16,12 +16,13 @@ from scheduling.models import Budget, Job, UsageDay
 
 def budgets_of(project_ids: Iterable[int] | QuerySet[Any], *, ended: bool = False) -> QuerySet[Budget]:
     """The budgets of ``project_ids`` — those whose window has not ended, or all with ``ended`` —
-    with their project and queue, by project, then newest window first; each annotated with
+    with their project and queue, by project, the project's own before its queues', newest
+    window first; each annotated with
     ``held_jobs``, the project's jobs its budgets hold (for a queue's budget, the queue's)."""
     rows = Budget.objects.filter(project_id__in=project_ids).select_related("project", "queue")
     if not ended:
         rows = rows.filter(ends_at__gt=timezone.now())
-    return rows.order_by("project__name", "-starts_at", "queue__name")
+    return rows.order_by("project__name", F("queue__name").asc(nulls_first=True), "-starts_at")
 
 
 def held_counts(budgets: Iterable[Budget]) -> dict[int, int]:

@@ -9,6 +9,7 @@ from clusters.models import Cluster
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
 from scheduling.engine.cycle import run_cycle
+from scheduling.services.budget_holds import release_due
 from scheduling.services.failover import sweep_lost_nodes
 
 log = logging.getLogger(__name__)
@@ -44,3 +45,8 @@ def sync_cluster_task(cluster_id: int) -> int:
 @shared_task(ignore_result=True)
 def sweep_lost_nodes_task() -> int:
     return sweep_lost_nodes()
+
+
+@shared_task(ignore_result=True)
+def release_budget_holds_task() -> int:
+    return release_due()

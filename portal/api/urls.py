@@ -1,6 +1,7 @@
 from django.urls import path
 
 from portal.api import views
+from portal.api.budgets import BudgetListView
 
 app_name = "api"
 urlpatterns = [
@@ -29,4 +30,5 @@ urlpatterns = [
     path("me", views.MeView.as_view(), name="me"),
     path("tokens", views.TokenListView.as_view(), name="tokens"),
     path("tokens/<int:pk>", views.TokenDetailView.as_view(), name="token"),
+    path("budgets", BudgetListView.as_view(), name="budgets"),
 ]
