@@ -1,6 +1,6 @@
 /* The budgets page: one burn-down chart per budget, drawn with uPlot from the json_script
    block the page carries (no inline script: the Content-Security-Policy allows only this
-   origin's files). Left = the limit less what was used, day by day; ideal = an even spend. */
+   origin's files). Left = the limit less what was used by the end of each day; ideal = an even spend. */
 "use strict";
 (() => {
   const day = 86400;
@@ -12,9 +12,10 @@
     const one = (title, series, data) => {
       const div = document.createElement("div");
       box.appendChild(div);
-      new uPlot({title, width: 420, height: 200, series: [{}, ...series], axes: [{}, {size: 50}], scales: {x: {time: true}}}, [s.t, ...data], div);
+      const scales = {x: {time: true}, y: {range: (u, min, max) => [0, Math.max(max, 1)]}};
+      new uPlot({title, width: 420, height: 200, series: [{}, ...series], axes: [{}, {size: 50}], scales}, [s.t, ...data], div);
     };
-    one("Burn-down (GPU-hours left)", [
+    one("Burn-down: GPU-hours not yet used", [
       {label: "left", stroke: "#2f5fd0", width: 2, fill: "#2f5fd022"},
       {label: "ideal", stroke: "#8a94a6", width: 1, dash: [6, 4]},
     ], [s.left, s.ideal]);
