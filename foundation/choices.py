@@ -21,6 +21,8 @@ class AuditAction(models.TextChoices):
     TOKEN_REVOKE = "token.revoke", "API token revoked"
     ACCOUNT_MAP = "account.map", "POSIX account mapped"
     ACCOUNT_UNMAP = "account.unmap", "POSIX account unmapped"
+    BUDGET_CREATE = "budget.create", "GPU-hour budget created"
+    BUDGET_CHANGE = "budget.change", "GPU-hour budget changed"
 
 
 class AuditSource(models.TextChoices):

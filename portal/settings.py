@@ -232,6 +232,8 @@ _PERIODIC = {
     "dispatch-outbox": ("scheduling.tasks.dispatch_outbox_task", 1.0),
     "sync-clusters": ("scheduling.tasks.sync_clusters_task", 1.0),
     "sweep-lost-nodes": ("scheduling.tasks.sweep_lost_nodes_task", 10.0),
+    # held BudgetExhausted jobs that fit now (a window began, ended jobs gave back reservations)
+    "release-budget-holds": ("scheduling.tasks.release_budget_holds_task", 60.0),
     # every 2 s; each kind keeps its own pace (adapter.inventory_every_s)
     "cluster-inventory": ("clusters.tasks.take_inventories_task", 2.0),
     "deliver-notifications": ("scheduling.tasks.deliver_notifications_task", 5.0),
@@ -250,6 +252,7 @@ _TASK_ROLES = {
     "clusters.tasks.prune_metrics_task": "aggregation",
     "scheduling.tasks.scheduling_cycle_task": "scheduling",
     "scheduling.tasks.sweep_lost_nodes_task": "scheduling",
+    "scheduling.tasks.release_budget_holds_task": "scheduling",
     "clusters.tasks.settle_draining_nodes_task": "scheduling",
     "scheduling.tasks.dispatch_outbox_task": "dispatch",
     "scheduling.tasks.sync_clusters_task": "dispatch",

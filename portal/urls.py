@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from portal import notifications, pages, scrape
+from portal.budgets import budget_list
 
 urlpatterns = [
     path("", pages.dashboard, name="dashboard"),
@@ -18,6 +19,7 @@ urlpatterns = [
     path("fleet/series.json", pages.fleet_series, name="fleet-series"),
     path("queues/", pages.queues, name="queues"),
     path("settings/notifications/", notifications.notification_settings, name="notification-settings"),
+    path("budgets/", budget_list, name="budgets"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -13,12 +13,14 @@ from django.http import HttpRequest
 
 from clusters.selectors import resolve_gpu_model
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
-from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
+from scheduling.models import Allocation, Budget, Job, JobAttempt, JobEvent, Queue, QueueQuota
+from scheduling.services.budget_holds import create_budget, release_fitting, update_budget
+from scheduling.services.budgets import BudgetExhausted, hours, left_gpu_seconds
 from scheduling.services.jobs import cancel_job, hold_job, release_job, requeue_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 from scheduling.spec import MAX_GPU_MODELS, MAX_PREEMPTION_GRACE_S
 
-_REFUSALS = (InvalidTransition, TransitionConflict)
+_REFUSALS = (InvalidTransition, TransitionConflict, BudgetExhausted)
 
 
 class QueueQuotaInline(admin.TabularInline):
@@ -263,3 +265,110 @@ class JobEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["kind", "to_state"]
     list_select_related = ["job", "actor"]
     search_fields = ["=job__id", "message"]
+
+
+# --- GPU-hour budgets ---------------------------------------------------------------------------
+
+
+class BudgetForm(forms.ModelForm):
+    """A budget as operators set it: a queue, if given, must be one of the project's."""
+
+    class Meta:
+        model = Budget
+        fields = ["project", "queue", "starts_at", "ends_at", "gpu_hours", "on_overrun"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        project, queue = data.get("project"), data.get("queue")
+        if queue is not None and project is not None and queue.project_id != project.pk:
+            self.add_error("queue", f"queue {queue} is not one of project {project}'s")
+        return data
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    """Operators create budgets and raise (or lower) them here. Saving goes through
+    ``budget_holds``: only the limit, the window's end and the overrun policy are written —
+    never ``used``/``reserved``, which admissions keep moving — and held jobs that now fit are
+    released. A budget is never deleted (its charges are the period's record): end its window."""
+
+    form = BudgetForm
+    list_display = [
+        "__str__",
+        "project",
+        "queue",
+        "starts_at",
+        "ends_at",
+        "gpu_hours",
+        "used_hours",
+        "reserved_hours",
+        "left_hours",
+        "percent_used",
+        "on_overrun",
+    ]
+    list_filter = ["project", "on_overrun"]
+    list_select_related = ["project", "queue__project"]
+    search_fields = ["project__name", "queue__name"]
+    date_hierarchy = "starts_at"
+    readonly_fields = ["used_hours", "reserved_hours", "left_hours", "percent_used"]
+    actions = [
+        service_action(
+            lambda budget, actor: release_fitting(
+                [budget.project_id], actor=actor, message=f"released: budget {budget} has room"
+            ),
+            name="release_held",
+            description="Release held jobs that fit now",
+            refusals=(),
+        )
+    ]
+
+    def get_fields(self, request: HttpRequest, obj: Budget | None = None) -> list[str]:
+        return [*BudgetForm.Meta.fields, *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Budget | None = None) -> list[str]:
+        fixed = ["project", "queue", "starts_at"] if obj is not None else []  # its charges hang on these
+        return [*fixed, *self.readonly_fields]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Budget, form: forms.ModelForm, change: bool) -> None:
+        data = form.cleaned_data
+        if not change:
+            created = create_budget(
+                project=data["project"],
+                queue=data.get("queue"),
+                starts_at=data["starts_at"],
+                ends_at=data["ends_at"],
+                gpu_hours=data["gpu_hours"],
+                on_overrun=data["on_overrun"],
+                actor=request.user,
+            )
+            obj.pk, obj.created_at, obj._state.adding = created.pk, created.created_at, False
+            return
+        changed = {
+            name: data[name] for name in ("gpu_hours", "ends_at", "on_overrun") if name in form.changed_data
+        }
+        released = update_budget(obj, actor=request.user, **changed) if changed else []
+        if released:
+            self.message_user(
+                request, f"{len(released)} held job(s) released: the budget now has room for them."
+            )
+
+    @admin.display(description="Used (GPU-h)")
+    def used_hours(self, obj: Budget) -> str:
+        return hours(obj.used_gpu_seconds)
+
+    @admin.display(description="Reserved (GPU-h)")
+    def reserved_hours(self, obj: Budget) -> str:
+        return hours(obj.reserved_gpu_seconds)
+
+    @admin.display(description="Left (GPU-h)")
+    def left_hours(self, obj: Budget) -> str:
+        return hours(left_gpu_seconds(obj))
+
+    @admin.display(description="Used or reserved")
+    def percent_used(self, obj: Budget) -> str:
+        limit = obj.gpu_hours * 3600
+        spent = obj.used_gpu_seconds + obj.reserved_gpu_seconds
+        return f"{100 * spent / limit:.1f} %" if limit else "—"

@@ -9,6 +9,7 @@ from clusters.models import Cluster
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
 from scheduling.engine.cycle import run_cycle
+from scheduling.services.budget_holds import release_due
 from scheduling.services.failover import sweep_lost_nodes
 from scheduling.services.notification_delivery import deliver_due
 
@@ -50,3 +51,8 @@ def sweep_lost_nodes_task() -> int:
 @shared_task(ignore_result=True)
 def deliver_notifications_task() -> int:
     return deliver_due().sent
+
+
+@shared_task(ignore_result=True)
+def release_budget_holds_task() -> int:
+    return release_due()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import connections
+from django.utils import timezone
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node
@@ -19,7 +21,7 @@ from clusters.selectors import resolve_gpu_model
 from portal.choices import Role
 from portal.models import Membership, Project
 from scheduling.choices import JobState
-from scheduling.models import Job, Queue
+from scheduling.models import Budget, Job, Queue
 
 _seq = itertools.count(1)
 GiB = 2**30
@@ -125,5 +127,27 @@ def make_job(
         gpus_per_node=gpus,
         nodes=nodes,
         state=state,
+        **fields,
+    )
+
+
+def make_budget(
+    project: Project,
+    gpu_hours: int,
+    *,
+    queue: Queue | None = None,
+    on_overrun: str = "refuse",
+    days: tuple[float, float] = (-1, 29),
+    **fields: Any,
+) -> Budget:
+    """A budget whose window runs from ``days[0]`` to ``days[1]`` days from now."""
+    now = timezone.now()
+    return Budget.objects.create(
+        project=project,
+        queue=queue,
+        gpu_hours=gpu_hours,
+        on_overrun=on_overrun,
+        starts_at=fields.pop("starts_at", now + timedelta(days=days[0])),
+        ends_at=fields.pop("ends_at", now + timedelta(days=days[1])),
         **fields,
     )

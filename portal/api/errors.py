@@ -18,6 +18,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from scheduling.services.budgets import BudgetExhausted
 from scheduling.services.jobs import IdempotencyConflict, NotActive, OperatorsOnly, TooManyPending
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 from scheduling.spec import SpecError
@@ -54,6 +55,8 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         response = _body(429, f"Too many waiting jobs: {exc}.")
         response["Retry-After"] = "30"
         return response
+    elif isinstance(exc, BudgetExhausted):
+        return _body(409, f"Budget exhausted: {exc}.", extra={"code": "budget_exhausted"})
     elif isinstance(exc, InvalidTransition | TransitionConflict | NotActive):
         return _body(409, str(exc))
     elif isinstance(exc, OperatorsOnly):

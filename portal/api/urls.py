@@ -1,6 +1,7 @@
 from django.urls import path
 
 from portal.api import notifications, views
+from portal.api.budgets import BudgetListView
 
 app_name = "api"
 urlpatterns = [
@@ -36,4 +37,5 @@ urlpatterns = [
         name="notifications-rotate-secret",
     ),
     path("me/notifications/test", notifications.NotificationTestView.as_view(), name="notifications-test"),
+    path("budgets", BudgetListView.as_view(), name="budgets"),
 ]

@@ -162,6 +162,13 @@ def submit_jobs(
                     reason=PendingReason.BUDGET_EXHAUSTED,
                     message=message,
                 )
+                held = set(ids)  # the caller shows these jobs: say held, as their rows now do
+                for job in (job for job in jobs if job.pk in held):
+                    job.state, job.reason, job.reason_message = (
+                        JobState.HELD,
+                        PendingReason.BUDGET_EXHAUSTED,
+                        message,
+                    )
             for project_id, ids in _ids_by_project(jobs).items():
                 publish_on_commit([f"project.{project_id}"], JobsSubmitted(project_id, ids[:100], len(ids)))
             audit.record(
@@ -353,6 +360,8 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
                 "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
             )
             raise OperatorsOnly(f"job {job.pk} was held by {who}; only an operator may release it")
+        if reason == PendingReason.BUDGET_EXHAUSTED:  # reserve its ask now, or stay held (409)
+            budgets.reserve_released(job.pk)
         return transition_job(
             job.pk,
             JobState.PENDING,

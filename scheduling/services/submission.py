@@ -11,6 +11,7 @@ from clusters.models import Cluster, GpuModel, Node
 from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
 from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
+from scheduling.services import budgets
 from scheduling.services.jobs import JobRequest
 from scheduling.spec import JobSpec, SpecError
 
@@ -32,6 +33,8 @@ def build_requests(
     p = f"{path}." if path else ""
     errors = queue_limit_errors(spec, queue, privileged=privileged, path=path)
     time_limit_s = spec.time_limit_s if spec.time_limit_s is not None else queue.max_time_limit_s
+    if refusal := budgets.time_limit_refusal(queue, spec.gpus.count, time_limit_s):
+        errors.append((f"{p}spec.timeLimit", refusal))  # its ask could not be counted
     models = {} if models is None else models
     gpu_model, gpu_models, gpu_errors = resolve_gpus(spec, models, path=path)
     errors += gpu_errors
