@@ -174,7 +174,7 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     if phase.ended:
         code, signal = decode_exit(slurm_job.get("exit_code"))
         raw = raw_job_state(slurm_job.get("job_state"))  # Slurm's own word, when ours differs
-        said = ", ".join(filter(None, [why or (raw if raw != state else ""), f"exit code {code}" if code else ""]))
+        said = ", ".join(filter(None, [why or (raw if raw != state else ""), code and f"exit code {code}"]))
         message = f"{state.lower()} in Slurm" + (f" ({said})" if said else "")
         if signal:
             message = f"{state.lower()} in Slurm (signal {signal})"
