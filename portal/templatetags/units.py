@@ -38,3 +38,9 @@ def duration(seconds: float | None) -> str:
 def clock(seconds: float | None) -> str:
     """Seconds → ``2:30:00`` (time used)."""
     return units.clock_text(seconds)
+
+
+@register.filter
+def cores(millicores: int | None) -> str:
+    """Millicores → ``8``, ``0.5`` (CPUs)."""
+    return units.MISSING if millicores is None else f"{millicores / 1000:g}"
