@@ -521,12 +521,12 @@ class GpuDeviceAdmin(GpuReadings, admin.ModelAdmin):
     list_display = ["__str__", "model", "health", "utilisation", "memory_used", "power", "temperature"]
     fields = ["node", *GPU_FIELDS]
     readonly_fields = ["node", *GPU_REPORTED]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # GPUs come from heartbeats
     list_filter = ["model", "health", "node__cluster"]
     list_select_related = ["node__cluster", "model"]
     search_fields = ["uuid", "node__name"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # GPUs come from heartbeats
 
 
 @admin.register(NodeEvent)

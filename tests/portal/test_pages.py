@@ -271,7 +271,7 @@ def _placed(alice, queue, node, state, **fields):
         (None, JobState.PENDING, False, "No output yet: the job has not started."),
         (None, JobState.CANCELLED, False, "The job ended before it started: there is no output."),
     ],
-    ids=["simulated-ended", "simulated-running", "ended", "running", "placed", "pending", "cancelled-unplaced"],
+    ids=["sim-ended", "sim-running", "ended", "running", "placed", "pending", "cancelled-unplaced"],
 )
 def test_the_output_box_says_why_it_is_empty(signed_in, alice, queue, kind, state, started, note):
     now = timezone.now()
