@@ -224,7 +224,7 @@ def test_jobs_start_lists_pending_jobs_by_expected_start(cli):
         [str(unknown.pk), "unknown", "PD"],
     ]
     assert rows[0].split()[3:] == [_local(soon.estimated_start_at), "sim-a:a-n001", "yes", "(Resources)"]
-    assert rows[1].split()[3:] == [_local(later.estimated_start_at), "sim-a", "no", "(None)"]
+    assert rows[1].split()[3:] == [_local(later.estimated_start_at), "sim-a", "no"]  # no reason yet: blank
     assert rows[2].split()[3:] == ["N/A", "N/A", "no", "(Preempted)"]
 
     as_json = json.loads(cli("jobs", "--start", "-o", "json").stdout)
