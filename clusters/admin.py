@@ -41,6 +41,7 @@ from clusters.services.identity import map_account, unmap_account
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
+from foundation.units import MISSING, memory_text, power_text
 
 _REFUSALS = (NodeActionRefused,)
 
@@ -341,23 +342,61 @@ class ClusterAdmin(admin.ModelAdmin):
         return obj._nodes
 
 
-class GpuDeviceInline(admin.TabularInline):
+class GpuReadings:
+    """A GPU's size and readings with their units, for the GPU pages and the node page."""
+
+    @admin.display(description="Memory", ordering="memory_mb")
+    def memory(self, obj: GpuDevice) -> str:
+        return memory_text(obj.memory_mb * 2**20)
+
+    @admin.display(description="Util.", ordering="utilization")
+    def utilisation(self, obj: GpuDevice) -> str:
+        return MISSING if obj.utilization is None else f"{obj.utilization:.0f} %"
+
+    @admin.display(description="Memory used", ordering="memory_used_mb")
+    def memory_used(self, obj: GpuDevice) -> str:
+        return MISSING if obj.memory_used_mb is None else memory_text(obj.memory_used_mb * 2**20)
+
+    @admin.display(description="Power", ordering="power_w")
+    def power(self, obj: GpuDevice) -> str:
+        return power_text(obj.power_w)
+
+    @admin.display(description="Temp.", ordering="temperature_c")
+    def temperature(self, obj: GpuDevice) -> str:
+        return MISSING if obj.temperature_c is None else f"{obj.temperature_c:.0f} °C"
+
+
+# What a GPU reports is read-only: the next heartbeat would overwrite an edit. Its health is the
+# operator's to set (and say why).
+GPU_FIELDS = [
+    "index",
+    "model",
+    "uuid",
+    "memory",
+    "health",
+    "health_reason",
+    "utilisation",
+    "memory_used",
+    "power",
+    "temperature",
+    "topology_group",
+]
+GPU_REPORTED = [f for f in GPU_FIELDS if f not in ("health", "health_reason")]
+
+
+class GpuDeviceInline(GpuReadings, admin.TabularInline):
+    """A node's GPUs as its agent (or its cluster) reports them."""
+
     model = GpuDevice
     extra = 0
-    fields = [
-        "index",
-        "model",
-        "uuid",
-        "memory_mb",
-        "health",
-        "health_reason",
-        "utilization",
-        "memory_used_mb",
-        "power_w",
-        "temperature_c",
-        "topology_group",
-    ]
-    readonly_fields = ["utilization", "memory_used_mb", "power_w", "temperature_c"]
+    fields = GPU_FIELDS
+    readonly_fields = GPU_REPORTED
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # GPUs come from heartbeats
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class NodeEventInline(ReadOnlyInline):
@@ -375,7 +414,7 @@ class NodeAdmin(admin.ModelAdmin):
         "state",
         "gpu_capacity",
         "cpu_cores",
-        "memory_gib",
+        "memory_total",
         "last_heartbeat_at",
         "agent_version",
         "power_state",
@@ -383,16 +422,41 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["state", "cluster", "power_state", "gpus__model"]
     list_select_related = ["cluster"]
     search_fields = ["name", "cluster__name", "rack"]
+    # What the node reports (capacity, load, versions) is shown with its units and never edited
+    # here: the next heartbeat would overwrite it. Operators edit where it sits and its labels.
+    fieldsets = [
+        (None, {"fields": ["cluster", "name", "state", "state_reason", "state_changed_at", "power_state"]}),
+        ("Capacity (reported by the node)", {"fields": ["gpus_shown", "cpus_shown", "memory_shown"]}),
+        ("Placement", {"fields": ["labels", "rack", "switch", "nvlink_domain"]}),
+        (
+            "Last report",
+            {
+                "fields": [
+                    "last_heartbeat_at",
+                    "heartbeats",
+                    "agent_version",
+                    "boot_id",
+                    "cpu_load_shown",
+                    "memory_used_shown",
+                    "power_shown",
+                ]
+            },
+        ),
+    ]
     readonly_fields = [
         "state",
         "state_reason",
         "state_changed_at",
+        "gpus_shown",
+        "cpus_shown",
+        "memory_shown",
         "last_heartbeat_at",
-        "boot_id",
-        "cpu_load",
-        "memory_used_bytes",
-        "power_w",
         "heartbeats",
+        "agent_version",
+        "boot_id",
+        "cpu_load_shown",
+        "memory_used_shown",
+        "power_shown",
     ]
     inlines = [GpuDeviceInline, NodeEventInline]
     actions = [
@@ -417,21 +481,52 @@ class NodeAdmin(admin.ModelAdmin):
             f"sequence {seen.seq}, boot {seen.boot_id[:12] or '—'}"
         )
 
+    @admin.display(description="GPUs")
+    def gpus_shown(self, obj: Node) -> int:
+        return obj.gpu_capacity
+
+    @admin.display(description="CPUs")
+    def cpus_shown(self, obj: Node) -> str:
+        total, allocatable = obj.cpu_millicores_capacity / 1000, obj.cpu_millicores_allocatable / 1000
+        return f"{total:g} cores ({allocatable:g} allocatable)"
+
+    @admin.display(description="Memory")
+    def memory_shown(self, obj: Node) -> str:
+        total, allocatable = obj.memory_bytes_capacity, obj.memory_bytes_allocatable
+        return f"{memory_text(total)} ({memory_text(allocatable)} allocatable)"
+
+    @admin.display(description="CPU load")
+    def cpu_load_shown(self, obj: Node) -> str:
+        return MISSING if obj.cpu_load is None else f"{100 * obj.cpu_load:.0f} %"
+
+    @admin.display(description="Memory used")
+    def memory_used_shown(self, obj: Node) -> str:
+        return memory_text(obj.memory_used_bytes)
+
+    @admin.display(description="Power")
+    def power_shown(self, obj: Node) -> str:
+        return power_text(obj.power_w)
+
     @admin.display(description="CPU cores", ordering="cpu_millicores_capacity")
     def cpu_cores(self, obj: Node) -> float:
         return obj.cpu_millicores_capacity / 1000
 
-    @admin.display(description="Memory GiB", ordering="memory_bytes_capacity")
-    def memory_gib(self, obj: Node) -> float:
-        return round(obj.memory_bytes_capacity / 2**30, 1)
+    @admin.display(description="Memory", ordering="memory_bytes_capacity")
+    def memory_total(self, obj: Node) -> str:
+        return memory_text(obj.memory_bytes_capacity)
 
 
 @admin.register(GpuDevice)
-class GpuDeviceAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "model", "health", "utilization", "memory_used_mb", "power_w", "temperature_c"]
+class GpuDeviceAdmin(GpuReadings, admin.ModelAdmin):
+    list_display = ["__str__", "model", "health", "utilisation", "memory_used", "power", "temperature"]
+    fields = ["node", *GPU_FIELDS]
+    readonly_fields = ["node", *GPU_REPORTED]
     list_filter = ["model", "health", "node__cluster"]
     list_select_related = ["node__cluster", "model"]
     search_fields = ["uuid", "node__name"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # GPUs come from heartbeats
 
 
 @admin.register(NodeEvent)

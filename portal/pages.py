@@ -17,6 +17,7 @@ from django.utils.dateformat import format as format_date
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from clusters.choices import ClusterKind
 from clusters.selectors import (
     all_clusters,
     cluster_by_name,
@@ -24,12 +25,14 @@ from clusters.selectors import (
     minute_totals,
     node_state_counts,
 )
+from foundation.units import clock_text
 from portal.access import access_job, can_act_on_job, usable_queues, visible_jobs, visible_projects
 from portal.api.errors import InputError
 from portal.api.filters import filter_jobs
 from portal.api.serializers import reason_sentence
-from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
-from scheduling.models import Job
+from portal.selectors import array_summaries, one_row_per_array
+from scheduling.choices import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobState, PendingReason
+from scheduling.models import Job, JobAttempt
 from scheduling.selectors import (
     active_cluster_names,
     cluster_jobs,
@@ -45,6 +48,8 @@ from scheduling.services.jobs import ACTION_SOURCES, OPERATOR_HOLDS, cancel_job
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
 
 PAGE = 50
+# States in which a job may be writing output (a preempted one may, in its grace period).
+OUTPUT_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.PREEMPTED})
 SORTS = {
     "id": "id",
     "-id": "-id",
@@ -64,9 +69,10 @@ SORTS = {
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    mine = visible_jobs(request.user).filter(owner=request.user)
-    running = recent_jobs(mine, ACTIVE_STATES)
-    pending = recent_jobs(mine, WAITING_STATES)
+    mine = one_row_per_array(visible_jobs(request.user).filter(owner=request.user))
+    now = timezone.now()
+    running, pending = list(recent_jobs(mine, ACTIVE_STATES)), list(recent_jobs(mine, WAITING_STATES))
+    job_rows(running + pending, now)
     queues = list(usable_queues(request.user).order_by("project__name", "name"))
     gpus, _ = queue_gpu_rows(q.pk for q in queues)
     usage = [{"queue": q} | row for q in queues for row in gpus[q.pk]]
@@ -84,10 +90,14 @@ def submit(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
-    """The API's job filters (``state`` takes names or short codes), plus a search box, "mine"
-    and a sort. A filter the API would refuse is said on the page, and left out."""
-    params = {k: request.GET.get(k, "").strip() for k in ("state", "project", "queue", "q", "sort", "mine")}
+def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str], bool]:
+    """The API's job filters (``state`` takes names or short codes), plus a search box (a name,
+    a user, a job id or an array member's ``74_3``), "mine", one array's members (``array``)
+    and a sort. An array is one row unless its members are asked for (``array``, or a search
+    for an id): the last value says whether arrays are. A filter the API would refuse is said
+    on the page, and left out."""
+    keys = ("state", "project", "queue", "q", "sort", "mine", "array")
+    params = {k: request.GET.get(k, "").strip() for k in keys}
     jobs = visible_jobs(request.user).select_related("owner", "project", "queue", "gpu_model")
     try:
         jobs = filter_jobs(jobs, {k: params[k] for k in ("state", "project", "queue")})
@@ -95,29 +105,29 @@ def _filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]
         messages.error(request, "; ".join(f"{path}: {why}" for path, why in exc.errors))
     if params["mine"]:
         jobs = jobs.filter(owner=request.user)
+    array, ref = _job_id(params["array"]), _job_ref(params["q"])
+    if array is not None:
+        jobs = jobs.filter(array_id=array)
     if q := params["q"]:
         match = Q(name__icontains=q) | Q(owner__username__iexact=q)
-        if _job_id(q) is not None:
-            match |= Q(pk=_job_id(q))
+        if ref is not None:
+            job_id, index = ref
+            if index is None:
+                match |= Q(pk=job_id) | Q(array_id=job_id)
+            else:
+                match |= Q(array_id=job_id, array_index=index)
         jobs = jobs.filter(match)
-    return jobs.order_by(SORTS.get(params["sort"], "-id"), "-id"), params
+    as_arrays = array is None and ref is None
+    if as_arrays:
+        jobs = one_row_per_array(jobs)
+    return jobs.order_by(SORTS.get(params["sort"], "-id"), "-id"), params, as_arrays
 
 
 @login_required
 def jobs(request: HttpRequest) -> HttpResponse:
-    found, params = _filtered_jobs(request)
+    found, params, as_arrays = _filtered_jobs(request)
     page = Paginator(found, PAGE).get_page(request.GET.get("page"))
-    rows = list(page.object_list)
-    clusters = active_cluster_names(job.pk for job in rows)
-    now = timezone.now()
-    for job in rows:
-        job.cluster_name = clusters.get(job.pk, "")
-        end = job.finished_at or (now if job.started_at else None)
-        job.time_used = _duration(end - job.started_at) if end and job.started_at else ""
-        job.gpus_total = job.gpus_per_node * job.nodes
-        job.gpu_label = gpu_label(job)
-        job.shown_reason = job.reason if job.state in WAITING_STATES | {JobState.PREEMPTED} else ""
-        job.estimate = start_estimate(job, now)
+    rows = job_rows(list(page.object_list), timezone.now(), as_arrays=as_arrays)
     context = {
         "page": page,
         "rows": rows,
@@ -127,6 +137,32 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "query": urlencode({k: v for k, v in params.items() if v and k != "sort"}),
     }
     return render(request, "portal/jobs.html", context)
+
+
+def job_rows(rows: list[Job], now: datetime, *, as_arrays: bool = True) -> list[Job]:
+    """``rows`` with what a list shows of each: the cluster it runs on, the time it has used
+    (``running`` when that still grows), its GPUs, why it waits and when it would start. With
+    ``as_arrays``, an array's member stands for its array (``array``: an ``ArraySummary``)."""
+    clusters = active_cluster_names(job.pk for job in rows)
+    arrays = array_summaries({j.array_id for j in rows if j.array_id is not None}) if as_arrays else {}
+    for job in rows:
+        job.array = arrays.get(job.array_id)
+        job.cluster_name = clusters.get(job.pk, "")
+        job.running = job.started_at is not None and job.state in ACTIVE_STATES
+        end = job.finished_at or now
+        job.time_used = clock_text((end - job.started_at).total_seconds()) if job.started_at else ""
+        job.gpus_total = job.gpus_per_node * job.nodes
+        job.gpu_label = gpu_label(job)
+        job.shown_reason = shown_reason(job)
+        job.estimate = start_estimate(job, now)
+    return rows
+
+
+def shown_reason(job: Job) -> str:
+    """The reason a list shows for a job: why it waits (or was preempted), "" when it has none
+    worth a word (``None``: the scheduler has not looked at it yet)."""
+    explained = job.state in WAITING_STATES | {JobState.PREEMPTED}
+    return job.reason if explained and job.reason != PendingReason.NONE else ""
 
 
 @login_required
@@ -180,8 +216,33 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
             and not (a == "release" and job.reason in OPERATOR_HOLDS and not request.user.is_staff)
         ],
         "action_sources": {a: sorted(states) for a, states in ACTION_SOURCES.items()},
+        "output_notes": output_notes(job, placement.attempt if placement else None),
+        "output_phases": OUTPUT_PHASES,
     }
+    context["output_note"] = context["output_notes"][OUTPUT_PHASES[job.state]]
     return render(request, "portal/job.html", context)
+
+
+# Where a job is in its life, for what its output box says while there is no output.
+OUTPUT_PHASES = {
+    state: "ended" if state in TERMINAL_STATES else "running" if state in OUTPUT_STATES else "waiting"
+    for state in JobState.values
+}
+
+
+def output_notes(job: Job, attempt: JobAttempt | None) -> dict[str, str]:
+    """What a job's output box says while it shows no output: per phase (``waiting``,
+    ``running``, ``ended``), for this job — on a simulated cluster nothing runs, so no output is
+    ever kept; a job that ended before it started has none."""
+    if attempt is not None and attempt.cluster.kind == ClusterKind.SIMULATED:
+        kept = f"No output is kept for simulated jobs: {attempt.cluster.name} is a simulated cluster."
+        return {"waiting": "No output yet: the job has not started.", "running": kept, "ended": kept}
+    ended = (
+        "The job ended without writing any output."
+        if job.started_at or attempt
+        else "The job ended before it started: there is no output."
+    )
+    return {"waiting": "No output yet: the job has not started.", "running": "No output yet.", "ended": ended}
 
 
 @login_required
@@ -314,7 +375,10 @@ def _job_id(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
-def _duration(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+def _job_ref(text: str) -> tuple[int, int | None] | None:
+    """A job as users write it: ``74`` → (74, None), array member ``74_3`` → (74, 3); None for
+    anything else."""
+    job, _, index = text.strip().partition("_")
+    if _job_id(job) is None or (index and _job_id(index) is None):
+        return None
+    return _job_id(job), _job_id(index) if index else None

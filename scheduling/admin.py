@@ -233,6 +233,9 @@ class JobAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are submitted through the API, the CLI or the portal
 
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # job history is append-only: a job ends (cancel), it is never erased
+
     @admin.display(description="GPUs")
     def gpu_request(self, obj: Job) -> str:
         if not obj.gpus_per_node:

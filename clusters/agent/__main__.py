@@ -5,10 +5,37 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from clusters.agent.agent import VERSION, Agent
+
+# What `manage.py create_join_token` prints: the prefix and 43 URL-safe characters (256 bits).
+JOIN_TOKEN = re.compile(r"orj_[A-Za-z0-9_-]{43}")
+
+
+def read_join_token(path: Path | None, from_environment: str | None) -> str | None:
+    """The join token from ``path`` (else the environment), None without one. One that cannot
+    be read or is not a join token ends the agent at once with a one-line error (exit status 1):
+    sent anyway, it would only be refused, again and again, or trip up the HTTP client."""
+    if path is None:
+        if not from_environment:
+            return None
+        token, where = from_environment, "ORRERY_JOIN_TOKEN"
+    else:
+        where = str(path)
+        try:
+            token = path.read_bytes().decode()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"orrery-agent: cannot read the join token from {where}: {exc}") from None
+    token = token.strip()
+    if not JOIN_TOKEN.fullmatch(token):
+        raise SystemExit(
+            f"orrery-agent: the join token in {where} is malformed: a join token is 'orj_' and 43 "
+            "letters, digits, '-' or '_', as `manage.py create_join_token` prints it"
+        )
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     labels = dict(item.split("=", 1) for item in args.labels.split(",") if "=" in item)
-    join_token = os.environ.pop("ORRERY_JOIN_TOKEN", None)
-    if args.join_token_file:
-        join_token = args.join_token_file.read_text().strip()
+    join_token = read_join_token(args.join_token_file, os.environ.pop("ORRERY_JOIN_TOKEN", None))
     agent = Agent(
         args.server,
         args.work_dir,

@@ -19,6 +19,8 @@ from portal.cli.client import ApiError, Client
 
 POLL_S = 2.0
 FINAL_STATES = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED"}
+# What `orrery jobs` lists unless told otherwise: jobs not ended yet, as squeue does.
+UNFINISHED_STATES = "PENDING,HELD,SCHEDULED,STARTING,RUNNING,COMPLETING,PREEMPTED"
 MAX_START_JOBS = 10_000  # pending jobs `jobs --start` reads to sort by expected start
 
 
@@ -78,7 +80,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         jobs = [api.post("jobs", body, content_type="application/yaml", headers=headers)]
     for job in jobs:
-        reason = f": {job['reason']}" if job.get("reason") else ""
+        reason = f": {render.reason(job)}" if render.reason(job) else ""
         print(render.inert(f"Submitted job {job['id']} ({job['name']}) — {job['state']}{reason}"))
     if not args.wait:
         return 0
@@ -93,7 +95,10 @@ def _wait(ids: list[int], api: Client) -> int:
             job = api.get(f"jobs/{job_id}")
             if last.get(job_id) != job["state"]:
                 last[job_id] = job["state"]
-                print(f"job {job_id}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))
+                print(
+                    f"job {job_id}: {job['state']}"
+                    + (f" ({render.reason(job)})" if render.reason(job) else "")
+                )
             if job["state"] in FINAL_STATES:
                 remaining.discard(job_id)
                 failed += job["state"] != "SUCCEEDED"
@@ -106,8 +111,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     api = client_for(args)
     if args.start:
         return _pending_starts(args, api)
+    every_state = args.all or (args.state or "").strip().lower() == "all"
     params: dict[str, Any] = {
-        "state": args.state,
+        "state": None if every_state else args.state or UNFINISHED_STATES,
         "project": args.project,
         "queue": args.queue,
         "cluster": args.cluster,
@@ -215,7 +221,7 @@ def cmd_events(args: argparse.Namespace) -> int:
                 e["kind"],
                 e["fromState"],
                 e["toState"],
-                e["reason"],
+                render.reason(e),
                 e["actor"] or "",
                 e["message"],
             ]
@@ -354,7 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idempotency-key", help="reuse to make a retried submission safe")
     p.add_argument("-d", "--dependency", help="wait for other jobs: afterok:74:75_3,afterany:80, singleton")
 
-    p = add("jobs", cmd_jobs, "List jobs (yours; --all-projects for your projects').")
+    p = add(
+        "jobs",
+        cmd_jobs,
+        "List jobs not ended yet (yours; --all-projects for your projects'; --all for ended ones too).",
+    )
     p.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s")
     p.add_argument(
         "--start",
@@ -362,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pending jobs by expected start: when and where each would start, reserved or not",
     )
     p.add_argument("--all-projects", action="store_true")
-    p.add_argument("--state", help="e.g. PENDING,RUNNING or PD,R")
+    p.add_argument("--all", action="store_true", help="ended jobs too (the same as --state all)")
+    p.add_argument(
+        "-t", "--state", help="e.g. PENDING,RUNNING or PD,R; all: every state (default: jobs not ended yet)"
+    )
     p.add_argument("--project")
     p.add_argument("--queue")
     p.add_argument("--cluster")

@@ -99,11 +99,18 @@ def gpus(job: dict[str, Any]) -> str:
     return per_node if nodes == 1 else f"{nodes}x{per_node}"
 
 
+def reason(job: dict[str, Any]) -> str:
+    """Why a job waits, as the API names it; "" when it has none to give (no reason, or
+    ``None``: not yet considered by the scheduler, which is not worth a word)."""
+    said = job.get("reason")
+    return "" if said in (None, "", "None") else str(said)
+
+
 def where(job: dict[str, Any]) -> str:
     """squeue's NODELIST(REASON): nodes and GPU indices once placed, else (reason)."""
     placement = job.get("placement")
     if job["stateCode"] == "PD" or not placement:
-        return f"({job['reason']})" if job.get("reason") else ""
+        return f"({reason(job)})" if reason(job) else ""
     nodes = ",".join(
         f"{n['node']}[{','.join(map(str, n['gpus']))}]" if n["gpus"] else n["node"]
         for n in placement["nodes"]
@@ -157,7 +164,7 @@ def start_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:
                 local_time(estimate.get("at")),
                 estimate.get("where") or "N/A",
                 "yes" if estimate.get("reserved") else "no",
-                f"({j['reason']})" if j.get("reason") else "",
+                f"({reason(j)})" if reason(j) else "",
             ]
         )
     return rows
@@ -187,7 +194,7 @@ def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
         ("Project", job["project"]),
         ("Queue", job["queue"]),
         ("State", f"{job['state']} ({job['stateCode']})"),
-        ("Reason", job.get("reason")),
+        ("Reason", reason(job)),
         ("Why", job.get("reasonMessage")),
         ("Priority", job["priority"]),
         ("Gpus", gpus(job)),

@@ -117,6 +117,7 @@ def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[s
     why): output is kept only for attempts placed on this node, and a chunk may not start more
     than ``MAX_LOG_GAP`` bytes past what is stored (an absurd offset would freeze the log)."""
     applied = ignored = 0
+    node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
     for report in reports:
         attempt = (
             JobAttempt.objects.filter(pk=report["attempt"], active=True).values_list("pk", flat=True).first()
@@ -127,13 +128,12 @@ def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[s
         ):
             ignored += 1  # fenced: not the attempt (or node) the server considers current
             continue
-        if apply_remote_states([_remote_state(node_id, attempt, report)]):
+        if apply_remote_states([_remote_state(node_id, node, attempt, report)]):
             applied += 1
         else:
             ignored += 1  # already there, or overtaken (a cancel): nothing to do
     refused: list[tuple[int, str]] = []
     if logs:
-        node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
         # Output may arrive after its attempt ended: what counts is that it ran on this node.
         ours = {
             str(a)
@@ -152,13 +152,13 @@ def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[s
     return {"applied": applied, "ignored": ignored, "refused_logs": refused}
 
 
-def _remote_state(node_id: int, attempt_id: Any, report: dict[str, Any]) -> RemoteState:
+def _remote_state(node_id: int, node: str, attempt_id: Any, report: dict[str, Any]) -> RemoteState:
     phase = Phase(report["state"])
     code = report.get("exit_code")
     if phase.ended:
         message = report.get("reason") or (f"exit code {code}" if code is not None else phase.value)
     else:
-        message = f"{phase.value} on node {node_id}"
+        message = f"{phase.value} on {node}"
     # In a gang only the head's success ends the job (any failure ends it at once). The server
     # knows which node is the head (the lowest node id, rank 0): a report does not say so.
     head = phase is not Phase.SUCCEEDED or node_id == _head_node(attempt_id)

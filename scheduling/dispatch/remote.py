@@ -102,7 +102,8 @@ def _apply(states: list[RemoteState]) -> int:
         to = target_state(state.phase, job_state, head=state.head)
         if to == JobState.PENDING:  # requeued after a preemption: keep who preempted it
             why = said if job_state == JobState.PREEMPTED and said else "preempted by its cluster"
-            groups[(job_state, to, state.exit_code, f"{why}; requeued ({state.message})")].append(job_id)
+            there = f" ({state.message})" if state.message else ""
+            groups[(job_state, to, state.exit_code, f"{why}; requeued{there}")].append(job_id)
         elif to is not None:
             groups[(job_state, to, state.exit_code, state.message)].append(job_id)
         elif (

@@ -37,6 +37,7 @@ from clusters.adapters.base import (
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster
 from foundation.pacing import due
+from foundation.units import duration_text
 from scheduling.dispatch.remote import apply_remote_states, past_time_limit
 from scheduling.dispatch.works import load_works
 from scheduling.models import JobAttempt
@@ -74,7 +75,7 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
                 state.attempt_id,
                 Phase.TIMEOUT,
                 state.remote_id,
-                message=f"ran past its time limit of {limit} s",
+                message=f"ran past its time limit of {duration_text(limit)}",
             )
         states.append(state)
     drained = _drain(adapter, cluster, works, states)

@@ -40,27 +40,76 @@ const Orrery = (() => {
     open();
   }
 
+  /* Times as the server renders them, in the server's zone (<body data-tz>): one format on a
+     page whether a line came with it or arrived live. */
+  const parts = (iso, options) => {
+    const format = new Intl.DateTimeFormat("en-US", {timeZone: document.body.dataset.tz || "UTC", hourCycle: "h23", ...options});
+    return Object.fromEntries(format.formatToParts(new Date(iso)).map((p) => [p.type, p.value]));
+  };
+  /* "2026-12-02 14:20:05", as Django's "Y-m-d H:i:s". */
+  const stamp = (iso) => {
+    const p = parts(iso, {year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit"});
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second}`;
+  };
+  /* "14:20 UTC" today, "Dec 3, 14:20 UTC" another day: the server's start_estimate. */
+  const shortWhen = (iso) => {
+    const p = parts(iso, {month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", timeZoneName: "short"});
+    const today = parts(new Date().toISOString(), {month: "short", day: "numeric", year: "numeric"});
+    const day = parts(iso, {month: "short", day: "numeric", year: "numeric"});
+    const same = day.year === today.year && day.month === today.month && day.day === today.day;
+    return `${same ? "" : `${p.month} ${p.day}, `}${p.hour}:${p.minute} ${p.timeZoneName}`;
+  };
+  /* Time used as the server's clock_text: "0:42", "2:30:00", "1-02:00:00". */
+  const clock = (seconds) => {
+    const s = Math.max(Math.floor(seconds), 0), pad = (n) => String(n).padStart(2, "0");
+    const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), sec = s % 60;
+    if (d) return `${d}-${pad(h)}:${pad(m)}:${pad(sec)}`;
+    return h ? `${h}:${pad(m)}:${pad(sec)}` : `${m}:${pad(sec)}`;
+  };
+
   function setState(el, state) {
     if (!el) return;
     el.textContent = state;
     el.className = el.className.replace(/job-[A-Z]+/, "job-" + state);
   }
 
+  /* A job list (the jobs page, the dashboard) kept current: a change heard on the websocket
+     recolours the job's state at once, then the rows on the page are read again from the
+     server (at most once a second), cell by cell, so cluster, reason, expected start and array
+     counts are the server's own rendering and a ticked checkbox stays ticked. Running jobs'
+     time used ticks every second. */
   function liveJobs(path) {
-    const refreshRows = async () => {
-      const rows = [...document.querySelectorAll("tr[data-job]")];
-      if (!rows.length) return;
-      const ids = rows.map((r) => r.dataset.job);
-      for (const id of ids) {
-        const r = await api("GET", `/api/v1/jobs/${id}`);
-        if (r.ok) setState($(`tr[data-job="${id}"] [data-state]`), r.data.state);
-      }
+    let pending = null;
+    const refreshRows = () => {
+      if (pending) return;
+      pending = setTimeout(async () => {
+        const r = await fetch(location.href, {credentials: "same-origin", headers: {Accept: "text/html"}});
+        pending = null;
+        if (!r.ok) return;
+        const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
+        document.querySelectorAll("tr[data-row]").forEach((row) => {
+          const now = fresh.querySelector(`tr[data-row="${row.dataset.row}"]`);
+          if (!now) return;
+          row.querySelectorAll("[data-cell]").forEach((cell) => {
+            const next = now.querySelector(`[data-cell="${cell.dataset.cell}"]`);
+            if (next) cell.replaceWith(document.importNode(next, true));
+          });
+        });
+        tick();
+      }, 1000);
     };
+    const tick = () => {
+      document.querySelectorAll("td[data-started]").forEach((cell) => {
+        cell.textContent = clock(Date.now() / 1000 - Number(cell.dataset.started));  // epoch seconds
+      });
+    };
+    setInterval(() => { if (!document.hidden) tick(); }, 1000);
     let first = true;
     socket(path, (delta) => {
       for (const [id, state] of Object.entries(delta.jobs)) {
         document.querySelectorAll(`tr[data-job="${id}"] [data-state]`).forEach((el) => setState(el, state));
       }
+      if (Object.keys(delta.jobs).length) refreshRows();
       if (delta.newJobs) {
         let note = $("#new-jobs");
         if (!note) {
@@ -85,6 +134,9 @@ const Orrery = (() => {
 
   function jobPage(id) {
     const ACTIONS = JSON.parse($("#action-sources").textContent);  // the server's own table
+    // What the output box says while there is no output, by where the job is in its life.
+    const NOTES = JSON.parse($("#output-notes").textContent), PHASES = JSON.parse($("#output-phases").textContent);
+    let shown = false;  // output lines are on the page
     const box = $("#job-actions");
     const allowed = [...box.querySelectorAll("button")].length > 0 || box.dataset.allowed === "1";
     box.dataset.allowed = allowed ? "1" : "0";
@@ -96,9 +148,9 @@ const Orrery = (() => {
       const estimate = $("#job-estimate");
       const start = job.estimatedStart;
       estimate.textContent = start
-        ? `Would start ≈ ${new Date(start.at).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })}` +
-          `${start.where ? ` on ${start.where}` : ""} — ${start.reserved ? "reserved" : "an estimate, not a reservation"}`
+        ? `Would start ≈ ${shortWhen(start.at)}${start.where ? ` on ${start.where}` : ""} — ${start.reserved ? "reserved" : "an estimate, not a reservation"}`
         : "";
+      if (!shown) $("#log").textContent = NOTES[PHASES[job.state]] || "";
       estimate.hidden = !start;
       if (allowed) {
         box.innerHTML = Object.keys(ACTIONS).filter((a) => ACTIONS[a].includes(job.state))
@@ -117,12 +169,13 @@ const Orrery = (() => {
       if (events.ok) {
         const items = events.data.results || events.data;
         $("#timeline").innerHTML = items.slice().sort((a, b) => a.id - b.id).map((e) =>
-          `<li><time>${esc(new Date(e.at).toLocaleString())}</time> ${e.toState ? `<span class="state job-${esc(e.toState)}">${esc(e.toState)}</span>` : ""} ${esc(e.message)}${e.actor ? ` <span class="muted">(${esc(e.actor)})</span>` : ""}</li>`).join("");
+          `<li><time>${esc(stamp(e.at))}</time> ${e.toState ? `<span class="state job-${esc(e.toState)}">${esc(e.toState)}</span>` : ""} ${esc(e.message)}${e.actor ? ` <span class="muted">(${esc(e.actor)})</span>` : ""}</li>`).join("");
       }
     };
     const tail = async () => {
       const r = await api("GET", `/api/v1/jobs/${id}/logs?tail=200`);
       if (r.ok && r.data.lines.length) {
+        shown = true;
         const log = $("#log");
         const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
         log.textContent = r.data.lines.join("\n");

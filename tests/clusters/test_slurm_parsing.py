@@ -166,7 +166,15 @@ def test_only_a_running_job_can_pass_its_time_limit(state, expected):
 @pytest.mark.parametrize(
     ("job", "phase", "exit_code", "message"),
     [
-        ({"job_state": "COMPLETED", "exit_code": 0}, Phase.SUCCEEDED, 0, "succeeded in Slurm (SUCCEEDED)"),
+        ({"job_state": "COMPLETED", "exit_code": 0}, Phase.SUCCEEDED, 0, "succeeded in Slurm (COMPLETED)"),
+        # Slurm says "None" for no reason: it is not repeated as if it were one
+        (
+            {"job_state": "COMPLETED", "exit_code": 0, "state_reason": "None"},
+            Phase.SUCCEEDED,
+            0,
+            "succeeded in Slurm (COMPLETED)",
+        ),
+        ({"job_state": "RUNNING"}, Phase.RUNNING, None, "running in Slurm"),
         (
             {"job_state": "FAILED", "exit_code": 3 << 8, "state_reason": "NonZeroExitCode"},
             Phase.FAILED,
@@ -193,7 +201,7 @@ def test_only_a_running_job_can_pass_its_time_limit(state, expected):
             "pending in Slurm: held by a Slurm administrator (scontrol release)",
         ),
         ({"job_state": "COMPLETING", "nodes": "n1"}, Phase.RUNNING, None, "running on n1"),
-        ({"job_state": "BOOT_FAIL"}, Phase.FAILED, None, "failed in Slurm (FAILED)"),
+        ({"job_state": "BOOT_FAIL"}, Phase.FAILED, None, "failed in Slurm (BOOT_FAIL)"),
     ],
 )
 def test_slurm_jobs_in_neutral_terms(job, phase, exit_code, message):

@@ -12,6 +12,7 @@ expression through `eval` inside the page, which the Content-Security-Policy ref
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -25,7 +26,7 @@ from scheduling.choices import JobState
 from scheduling.dispatch.outbox import drain_outbox
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle import run_cycle
-from scheduling.models import Job
+from scheduling.models import Job, JobEvent
 from tests.factories import (
     ensure_catalog,
     make_cluster,
@@ -146,8 +147,16 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     assert page.inner_text("#job-state") == "PENDING"
     assert "Waiting for the scheduler" in page.inner_text("#job-why")  # why it is pending
 
-    # The scheduler places it, the simulated cluster starts it: the page follows, no reload.
+    # The scheduler places it, the simulated cluster starts it: the page follows, no reload,
+    # and so does the jobs list beside it (cluster, reason, a time used that ticks).
+    listing = browser.new_page(viewport={"width": 1360, "height": 900})
+    sign_in(listing, server, "alice")
+    listing.goto(f"{server}/jobs/")
+    listing.wait_for_function("() => document.querySelector('#live').className === 'live on'")
+    row = f'tr[data-job="{job.pk}"]'
+    assert listing.inner_text(f'{row} [data-cell="reason"]') == "—"  # not yet looked at: no "None"
     page.evaluate("window.loadedOnce = true")
+    page.evaluate("document.querySelector('#timeline li').dataset.server = '1'")
     assert off_the_loop(lambda: run_cycle(SchedulerCache()).placed) == 1
     page.wait_for_function(
         "() => document.querySelector('#job-state').textContent === 'SCHEDULED'", timeout=30_000
@@ -160,6 +169,23 @@ def test_a_researcher_submits_watches_and_cancels(server, browser, fleet, tmp_pa
     page.wait_for_selector("#placement dt")
     assert "sim-a" in page.inner_text("#placement")
     page.screenshot(path=str(shots / "job.png"), full_page=True)
+    # The timeline was redrawn live, its times as the server writes them.
+    assert page.evaluate("document.querySelector('#timeline li[data-server]')") is None
+    times = page.eval_on_selector_all("#timeline time", "ts => ts.map((t) => t.textContent)")
+    submitted = JobEvent.objects.filter(job=job).order_by("id").first().at
+    assert times[0] == f"{submitted:%Y-%m-%d %H:%M:%S}" and len(times) >= 3
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", t) for t in times), times
+
+    listing.wait_for_function(
+        f"() => document.querySelector('{row} [data-cell=\"cluster\"]').textContent === 'sim-a'",
+        timeout=10_000,
+    )
+    ticking = f'{row} [data-cell="time"]'
+    assert listing.get_attribute(ticking, "data-started")
+    used = listing.inner_text(ticking)
+    listing.wait_for_function(f"() => document.querySelector('{ticking}').textContent !== '{used}'")
+    assert re.fullmatch(r"\d+:\d\d", listing.inner_text(ticking))
+    listing.close()
 
     page.click('#job-actions button[data-action="cancel"]')
     page.wait_for_function(
@@ -205,6 +231,13 @@ def test_an_operator_drains_a_node_and_the_heatmap_follows(server, browser, flee
     ops.wait_for_selector(".messagelist")
     assert Node.objects.get(name="a007").state in (NodeState.DRAINED, NodeState.DRAINING)
     ops.screenshot(path=str(shots / "console.png"), full_page=True)
+    # A node's page fits the window: its GPUs' long identifiers wrap, nothing scrolls sideways.
+    node = Node.objects.get(name="a007")
+    for gpu in node.gpus.all():
+        gpu.uuid = f"GPU-3f5e8c1a-2b4d-4e6f-8a9b-0c1d2e3f4a{gpu.index:02d}"
+        gpu.save(update_fields=["uuid"])
+    ops.goto(f"{server}/admin/clusters/node/{node.pk}/change/")
+    assert ops.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
     watcher.wait_for_function("() => Orrery.cellColour('a007') !== 'rgb(46, 158, 91)'", timeout=10_000)
     assert watcher.evaluate("Orrery.cellColour('a006')") == ready  # only that cell changed

@@ -74,7 +74,7 @@ def test_submit_show_cancel_round_trip(cli, tmp_path):
 
     cancelled = cli("cancel", job_id)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout
-    assert "CA" in cli("jobs").stdout
+    assert "CA" in cli("jobs", "--all").stdout
 
     events = cli("events", job_id)
     assert "PENDING" in events.stdout and "CANCELLED" in events.stdout
@@ -91,6 +91,35 @@ def test_errors_print_the_servers_message_and_fail(cli, tmp_path):
     assert "spec.resources.gpus" in result.stderr and "negative" in result.stderr
     missing = cli("show", "999999")
     assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_submitting_says_no_none(cli):
+    submitted = cli("submit", "-f", "-", stdin=SPEC)
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.rstrip().endswith("— PENDING") and "None" not in submitted.stdout
+    job_id = submitted.stdout.split()[2]
+    shown = cli("show", job_id)
+    assert "None" not in shown.stdout and "Reason:" not in shown.stdout
+    row = next(line for line in cli("jobs").stdout.splitlines() if line.startswith(job_id))
+    assert "None" not in row
+
+
+@pytest.mark.parametrize(
+    ("args", "listed"),
+    [
+        ((), {"PD", "R"}),
+        (("--all",), {"PD", "R", "CD", "F", "CA"}),
+        (("--state", "all"), {"PD", "R", "CD", "F", "CA"}),
+        (("-t", "CD,F"), {"CD", "F"}),
+    ],
+    ids=["unfinished-by-default", "all", "state-all", "chosen-states"],
+)
+def test_jobs_lists_unfinished_jobs_unless_told(cli, args, listed):
+    alice, queue = _alices_queue()
+    for state in ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"):
+        make_job(alice, queue, state=state)
+    rows = cli("jobs", *args).stdout.splitlines()[1:]
+    assert {row.split()[5] for row in rows} == listed
 
 
 def test_submit_from_stdin_and_dry_run(cli):
@@ -195,7 +224,7 @@ def test_jobs_start_lists_pending_jobs_by_expected_start(cli):
         [str(unknown.pk), "unknown", "PD"],
     ]
     assert rows[0].split()[3:] == [_local(soon.estimated_start_at), "sim-a:a-n001", "yes", "(Resources)"]
-    assert rows[1].split()[3:] == [_local(later.estimated_start_at), "sim-a", "no", "(None)"]
+    assert rows[1].split()[3:] == [_local(later.estimated_start_at), "sim-a", "no"]  # no reason yet: blank
     assert rows[2].split()[3:] == ["N/A", "N/A", "no", "(Preempted)"]
 
     as_json = json.loads(cli("jobs", "--start", "-o", "json").stdout)

@@ -196,7 +196,7 @@ def test_the_jobs_list_shows_reasons_and_predicted_starts_and_sorts_by_them(sign
     none = make_job(alice, queue, name="no-estimate", reason="Preempted", reason_message="preempted by job 9")
     page = signed_in.get("/jobs/").content.decode()
     assert f"Would start ≈ {now:%H:%M} UTC on sim-b: node-3, node-4 — reserved" in page
-    assert 'title="preempted by job 9"><span class="muted">Preempted</span>' in page
+    assert 'title="preempted by job 9">Preempted</td>' in page
     by_start = signed_in.get("/jobs/?sort=start").content.decode()
     order = [by_start.index(f'data-job="{j.pk}"') for j in (soon, late, none)]
     assert order == sorted(order)  # soonest first, no estimate last
@@ -208,7 +208,7 @@ def test_the_jobs_list_shows_reasons_and_predicted_starts_and_sorts_by_them(sign
 @pytest.mark.parametrize(
     "path, queries",
     [
-        ("/", 11),
+        ("/", 12),
         ("/submit/", 7),
         ("/jobs/", 6),
         ("/jobs/{job}/", 7),
@@ -238,3 +238,99 @@ def test_pages_read_in_a_fixed_number_of_queries(
     cache.clear()  # the GPU capacity and token caches start cold in every measurement
     with django_assert_num_queries(queries):
         assert signed_in.get(url).status_code == 200
+
+
+# --- units, output notes, the list's columns, arrays ------------------------------------------------
+
+
+def test_the_job_page_gives_quantities_their_units(signed_in, alice, queue, node):
+    job = make_job(alice, queue, gpus=1, time_limit_s=93600, memory_bytes_per_node=64 * 2**30)
+    bind_job(job, [NodePlacement(node, [0])])
+    node.gpus.filter(index=0).update(memory_used_mb=40 * 1024, power_w=312.4, utilization=90)
+    page = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<dt>Time limit</dt><dd>1d 2h</dd>" in page and "93600" not in page
+    assert "64 GiB memory" in page
+    assert "<td>40 GiB</td><td>312 W</td>" in page
+
+
+def _placed(alice, queue, node, state, **fields):
+    job = make_job(alice, queue, gpus=1)
+    bind_job(job, [NodePlacement(node, [0])])
+    Job.objects.filter(pk=job.pk).update(state=state, **fields)
+    return job
+
+
+@pytest.mark.parametrize(
+    ("kind", "state", "started", "note"),
+    [
+        ("simulated", JobState.SUCCEEDED, True, "No output is kept for simulated jobs: sim-a is a simulated"),
+        ("simulated", JobState.RUNNING, True, "No output is kept for simulated jobs"),
+        ("native", JobState.SUCCEEDED, True, "The job ended without writing any output."),
+        ("native", JobState.RUNNING, True, "No output yet."),
+        ("native", JobState.SCHEDULED, False, "No output yet: the job has not started."),
+        (None, JobState.PENDING, False, "No output yet: the job has not started."),
+        (None, JobState.CANCELLED, False, "The job ended before it started: there is no output."),
+    ],
+    ids=["sim-ended", "sim-running", "ended", "running", "placed", "pending", "cancelled-unplaced"],
+)
+def test_the_output_box_says_why_it_is_empty(signed_in, alice, queue, kind, state, started, note):
+    now = timezone.now()
+    times = {"started_at": now if started else None}
+    if kind is None:
+        job = make_job(alice, queue, state=state)
+    else:
+        node = make_node(make_cluster("sim-a", kind=kind), name="n1")
+        job = _placed(alice, queue, node, state, **times)
+    page = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'id="log">{note}' in page
+    assert "the job has not run" not in page
+
+
+def test_the_jobs_list_shows_cluster_reason_and_a_ticking_time_used(signed_in, alice, queue, node):
+    started = timezone.now() - timedelta(hours=2, minutes=30)
+    running = _placed(alice, queue, node, JobState.RUNNING, started_at=started)
+    fresh = make_job(alice, queue)  # not yet looked at: reason None
+    waits = make_job(alice, queue, reason="Resources", reason_message="8 GPUs on one node: none free")
+    page = signed_in.get("/jobs/").content.decode()
+    row = _row(page, running.pk)
+    assert '<td data-cell="cluster">sim-a</td>' in row and "2:30:0" in row
+    assert f'data-started="{int(started.timestamp())}"' in row
+    assert '<td data-cell="reason" class="reason">—</td>' in _row(page, fresh.pk)
+    assert "None" not in _row(page, fresh.pk)
+    assert 'title="8 GPUs on one node: none free">Resources</td>' in _row(page, waits.pk)
+    dashboard = signed_in.get("/").content.decode()
+    assert '<td data-cell="cluster">sim-a</td>' in _row(dashboard, running.pk)
+    assert "Resources</td>" in _row(dashboard, waits.pk)
+
+
+def _row(page: str, job_id: int) -> str:
+    start = page.index(f'<tr data-job="{job_id}"')
+    return page[start : page.index("</tr>", start)]
+
+
+def _array(alice, queue, states):
+    members = [make_job(alice, queue, name="sweep", state=s) for s in states]
+    first = members[0].pk
+    for index, job in enumerate(members):
+        Job.objects.filter(pk=job.pk).update(array_id=first, array_index=index)
+    return first, members
+
+
+def test_an_array_is_one_row_with_its_members_by_state_and_opens_to_its_tasks(signed_in, alice, queue):
+    array, members = _array(alice, queue, [JobState.RUNNING] * 2 + [JobState.PENDING] * 3)
+    plain = make_job(alice, queue, name="plain")
+    page = signed_in.get("/jobs/").content.decode()
+    assert page.count(f'data-array="{array}"') == 1 and f'data-job="{plain.pk}"' in page
+    assert f'href="?array={array}"' in page and f"{array}_[0-4]" in page and "5 tasks" in page
+    assert "2 RUNNING</span>" in page and "3 PENDING</span>" in page
+    assert not any(f'data-job="{m.pk}"' in page for m in members)
+
+    tasks = signed_in.get(f"/jobs/?array={array}").content.decode()
+    assert [f">{array}_{i}</a>" in tasks for i in range(5)] == [True] * 5
+    assert f'data-job="{plain.pk}"' not in tasks and "data-array" not in tasks
+
+    found = signed_in.get(f"/jobs/?q={array}_3").content.decode()
+    assert f'data-job="{members[3].pk}"' in found and found.count("data-job=") == 1
+    # a filter applies to the members: the array shows while one of them matches
+    assert f'data-array="{array}"' in signed_in.get("/jobs/?state=PENDING").content.decode()
+    assert f"{array}_3" in signed_in.get(f"/jobs/{members[3].pk}/").content.decode()

@@ -408,3 +408,26 @@ def test_a_report_from_a_node_the_attempt_does_not_hold_is_fenced_out(alice, que
     report = {"attempt": attempt_of(job), "state": "failed", "exit_code": 1}
     assert apply_reports(elsewhere, [report], []) == {"applied": 0, "ignored": 1, "refused_logs": []}
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+
+
+# --- what events say: names, never ids or "None" ----------------------------------------------------
+
+
+def test_an_agents_report_names_the_node_not_its_id(alice, queue, fleet):
+    from scheduling.dispatch.agent import apply_reports
+
+    job = make_job(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())  # placed, not yet delivered
+    node = Allocation.objects.filter(job=job, gpu__isnull=True).select_related("node").get().node
+    report = {"attempt": attempt_of(job), "state": "running"}
+    assert apply_reports(node.pk, [report], [])["applied"] == 1
+    said = JobEvent.objects.filter(job=job, to_state=JobState.RUNNING).get().message
+    assert said == f"running on {node.name}"
+
+
+def test_a_requeue_without_a_word_from_the_cluster_says_no_empty_brackets(alice, queue, fleet):
+    job = make_job(alice, queue, gpus=1)
+    run_cycle(SchedulerCache())
+    assert apply_remote_states([RemoteState(attempt_of(job), Phase.PREEMPTED)]) == 1
+    said = JobEvent.objects.filter(job=job, to_state=JobState.PENDING).latest("id").message
+    assert said == "preempted by its cluster; requeued"

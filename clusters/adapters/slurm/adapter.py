@@ -158,8 +158,9 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     phase = PHASES.get(state, Phase.FAILED)
     remote_id = str(slurm_job.get("job_id") or "")
     why = str(slurm_job.get("state_reason") or "")
+    why = "" if why == "None" else why  # Slurm's word for "no reason"
     if phase in (Phase.QUEUED, Phase.HELD):
-        text = f"pending in Slurm: {SLURM_PENDING.get(why, why)}"[:512] if why not in ("", "None") else ""
+        text = f"pending in Slurm: {SLURM_PENDING.get(why, why)}"[:512] if why else ""
         return RemoteState(attempt_id, phase, remote_id, message=text)
     if phase is Phase.RUNNING:
         # Only a job really running (not completing, not suspended) can pass its time limit.
@@ -169,12 +170,14 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
             attempt_id,
             phase,
             remote_id,
-            message=f"running on {slurm_job.get('nodes')}",
+            message=f"running on {nodes}" if (nodes := slurm_job.get("nodes")) else "running in Slurm",
             started_at=float(started) if running and started else None,
         )
     if phase.ended:
         code, signal = decode_exit(slurm_job.get("exit_code"))
-        message = f"{state.lower()} in Slurm ({why or state}" + (f", exit code {code})" if code else ")")
+        raw = raw_job_state(slurm_job.get("job_state"))  # Slurm's own word, when ours differs
+        said = ", ".join(filter(None, [why or (raw if raw != state else ""), code and f"exit code {code}"]))
+        message = f"{state.lower()} in Slurm" + (f" ({said})" if said else "")
         if signal:
             message = f"{state.lower()} in Slurm (signal {signal})"
         return RemoteState(attempt_id, phase, remote_id, exit_code=code, message=message)
