@@ -79,6 +79,12 @@ class QueueForm(forms.ModelForm):
             "preemption_grace_s",
             "gpu_model_preference",
         ]
+        help_texts = {
+            "max_running_jobs_per_user": "Jobs one user may run in this queue at once (placed, running or "
+            "draining); the next waits with QOSMaxJobsPerUserLimit. Empty: no limit.",
+            "max_gpus_per_user": "GPUs one user's jobs may hold in this queue at once; a job that would "
+            "pass it waits with QOSMaxGRESPerUser. Empty: no limit.",
+        }
 
     def clean_gpu_model_preference(self) -> list[str]:
         names = self.cleaned_data["gpu_model_preference"]

@@ -25,14 +25,15 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Max, QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import Max, Q, QuerySet
 
 from clusters.choices import ClusterState, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
 from scheduling.choices import JobState
 from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView, Shape, Status
 from scheduling.engine.queue import PendingQueue
-from scheduling.engine.snapshot import QuotaBook, Snapshot
+from scheduling.engine.snapshot import LimitBook, QuotaBook, Snapshot
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
@@ -86,6 +87,8 @@ class SchedulerCache:
         self.queue = PendingQueue()
         self.held: dict[int, list[Held]] = {}  # job id → what it holds
         self.job_queue: dict[int, tuple[int, int]] = {}  # job id → (queue id, model row)
+        # job id → (queue, owner, array, GPUs): what it counts for in ``snap.limits``
+        self.limit_counted: dict[int, tuple[int, int, int, int]] = {}
         self.job_cursor = 0
         self.node_cursor = 0
         self.built_at = 0.0
@@ -196,6 +199,7 @@ class SchedulerCache:
             names=[name for *_, name in nodes],
         )
         snap.quota = self._quota_book(model_index)
+        snap.limits = LimitBook(*_queue_limits())
         snap.queue_names = {}
         by_slug = {slug: i for i, slug in enumerate(snap.model_names)}
         for pk, name, project, preference in Queue.objects.values_list(
@@ -203,7 +207,7 @@ class SchedulerCache:
         ):
             snap.queue_names[pk] = f"{project}/{name}"
             snap.queue_models[pk] = _model_order(preference or [], by_slug, pk, snap.quota)
-        self.snap, self.held, self.job_queue = snap, {}, {}
+        self.snap, self.held, self.job_queue, self.limit_counted = snap, {}, {}, {}
         # What active allocations hold.
         held = defaultdict(list)
         for job_id, node_id, gpu_id, cpu, memory in Allocation.objects.filter(active=True).values_list(
@@ -211,15 +215,17 @@ class SchedulerCache:
         ):
             held[job_id].append((node_id, gpu_id, cpu, memory))
         gpu_index = {dev: (row, idx) for row, ids in enumerate(gpu_ids) for idx, dev in ids.items()}
-        job_info = dict(
-            (pk, (queue_id, model_id))
-            for pk, queue_id, model_id in Job.objects.filter(pk__in=list(held)).values_list(
-                "pk", "queue_id", "gpu_model_id"
+        job_info = {
+            pk: rest
+            for pk, *rest in Job.objects.filter(pk__in=list(held)).values_list(
+                "pk", "queue_id", "gpu_model_id", "owner_id", "array_id"
             )
-        )
+        }
         for job_id, rows in held.items():
-            queue_id, model_id = job_info.get(job_id, (0, None))
-            self._count(job_id, rows, row_of, gpu_index, queue_id, model_index.get(model_id, -1))
+            queue_id, model_id, owner, array = job_info.get(job_id, (0, None, 0, None))
+            self._count(
+                job_id, rows, row_of, gpu_index, queue_id, model_index.get(model_id, -1), owner, array or 0
+            )
         self.runs = {}
         self._load_runs(set(held))
         self.queue = PendingQueue()
@@ -227,6 +233,15 @@ class SchedulerCache:
         # an event, so the sync below re-reads it).
         self.queue.load(self._views(Job.objects.filter(state=JobState.PENDING, dependency_pending=False)))
         self.built_at = time.monotonic()
+
+    def _learn_owners(self, owners: set[int]) -> None:
+        """Usernames of these owners, for the reasons a per-user limit gives; one query, and only
+        for owners not known yet."""
+        assert self.snap is not None
+        names = self.snap.limits.owners
+        missing = [o for o in owners if o not in names]
+        if missing:
+            names.update(get_user_model().objects.filter(pk__in=missing).values_list("pk", "username"))
 
     def _quota_book(self, model_index: dict[int, int]) -> QuotaBook:
         book = QuotaBook()
@@ -250,6 +265,8 @@ class SchedulerCache:
         gpu_index: dict[int, tuple[int, int]],
         queue_id: int,
         model: int,
+        owner: int,
+        array: int,
     ) -> None:
         snap = self.snap
         assert snap is not None
@@ -276,6 +293,14 @@ class SchedulerCache:
         self.job_queue[job_id] = (queue_id, model)
         if gpus and model >= 0:
             snap.quota.add(queue_id, model, gpus)
+        self._count_limits(job_id, queue_id, owner, array, gpus)
+
+    def _count_limits(self, job_id: int, queue_id: int, owner: int, array: int, gpus: int) -> None:
+        """Count a job holding resources against its owner's limits in its queue and its array's
+        throttle; ``_release`` gives back exactly this."""
+        assert self.snap is not None
+        self.snap.limits.add(queue_id, owner, array, gpus)
+        self.limit_counted[job_id] = (queue_id, owner, array, gpus)
 
     def _load_runs(self, job_ids: set[int]) -> None:
         """(Re)read what backfill and preemption need of jobs holding resources."""
@@ -363,11 +388,19 @@ class SchedulerCache:
                 snap.give(h.row, (), h.cpu, h.memory)
         if gpus and model >= 0:
             snap.quota.add(queue_id, model, -gpus)
+        limited = self.limit_counted.pop(job_id, None)
+        if limited is not None:
+            snap.limits.add(*limited, sign=-1)
 
     # --- keeping current ----------------------------------------------------------------------
     def sync(self) -> None:
         snap = self.snap
         assert snap is not None
+        if _queue_limits() != (snap.limits.max_jobs, snap.limits.max_gpus):
+            # A queue's per-user limits changed: pending jobs group into classes by them (one
+            # class per owner where a queue limits users), so they are read again from scratch.
+            self.rebuild()
+            return
         low = max(self.job_cursor - REREAD_WINDOW, 0)
         events = [
             (event, job, to_state, attempt)
@@ -490,12 +523,16 @@ class SchedulerCache:
                         dev: (row, idx) for row, ids in enumerate(snap.gpu_ids) for idx, dev in ids.items()
                     }
                 model = snap.model_index.get(job.gpu_model_id, -1) if job and job.gpu_model_id else -1
-                self._count(job_id, held_now, snap.row_of, gpu_index, job.queue_id if job else 0, model)
+                owner, array = (job.owner_id, job.array_id or 0) if job else (0, 0)
+                self._count(
+                    job_id, held_now, snap.row_of, gpu_index, job.queue_id if job else 0, model, owner, array
+                )
             if job is not None and job.state == JobState.PENDING and not job.dependency_pending:
                 self.queue.upsert(self._view(job))
             else:
                 self.queue.remove(job_id)
         self._load_runs({j for j in job_ids if j in self.held})
+        self._learn_owners({j.owner_id for j in jobs.values() if snap.limits.limits_users(j.queue_id)})
 
     def assume(
         self,
@@ -517,6 +554,7 @@ class SchedulerCache:
         self.job_queue[job.id] = (queue_id, job.model)
         if job.total_gpus and job.model >= 0:
             snap.quota.add(queue_id, job.model, job.total_gpus)
+        self._count_limits(job.id, queue_id, job.owner, job.array, job.total_gpus)
         self.runs[job.id] = Run(
             queue=queue_id,
             model=job.model,
@@ -543,7 +581,9 @@ class SchedulerCache:
 
     # --- pending jobs -------------------------------------------------------------------------
     def _views(self, jobs: QuerySet[Job]) -> list[JobView]:
-        return [self._view_from_row(row) for row in jobs.values_list(*_VIEW_FIELDS)]
+        views = [self._view_from_row(row) for row in jobs.values_list(*_VIEW_FIELDS)]
+        self._learn_owners({v.owner for v in views if v.per_user})
+        return views
 
     def _view(self, job: Job) -> JobView:
         return self._view_from_row(tuple(getattr(job, f) for f in _VIEW_FIELDS))
@@ -567,6 +607,9 @@ class SchedulerCache:
             version,
             time_limit,
             preemptible,
+            owner,
+            array,
+            throttle,
         ) = row
         placement = placement or {}
         clusters = (
@@ -610,6 +653,10 @@ class SchedulerCache:
             selector=tuple(sorted((placement.get("nodeSelector") or {}).items())),
             attempts=attempts,
             version=version,
+            owner=owner,
+            per_user=snap.limits.limits_users(queue_id),
+            array=array or 0,
+            throttle=throttle if array and throttle else 0,
         )
 
 
@@ -644,7 +691,24 @@ _VIEW_FIELDS = (
     "version",
     "time_limit_s",
     "preemptible",
+    "owner_id",
+    "array_id",
+    "array_throttle",
 )
+
+
+def _queue_limits() -> tuple[dict[int, int], dict[int, int]]:
+    """Per queue that has them: running jobs per user, GPUs per user (a small read, every sync:
+    an operator's new limit holds from the next cycle)."""
+    max_jobs, max_gpus = {}, {}
+    for pk, jobs, gpus in Queue.objects.filter(
+        Q(max_running_jobs_per_user__isnull=False) | Q(max_gpus_per_user__isnull=False)
+    ).values_list("pk", "max_running_jobs_per_user", "max_gpus_per_user"):
+        if jobs is not None:
+            max_jobs[pk] = jobs
+        if gpus is not None:
+            max_gpus[pk] = gpus
+    return max_jobs, max_gpus
 
 
 def _model_order(

@@ -28,6 +28,9 @@ class Code(enum.IntEnum):
     SUCCESS = 0
     UNSCHEDULABLE = 1  # not now: try again when capacity or quota changes
     ERROR = 2
+    # Not now, and no room made or held for it would help: a per-user limit or an array's
+    # throttle. Post-filters (preemption, backfill's reservations, quota claims) leave it alone.
+    UNRESOLVABLE = 3
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,21 @@ OK = Status()
 
 # What makes jobs interchangeable to every filter (``JobView.shape``): queue, nodes, GPUs per
 # node, model, cpu, memory, allowed clusters, node selector, time limit (backfill compares it
-# with reservations), the models an any-model job accepts. Jobs of one shape form one class.
+# with reservations), the models an any-model job accepts, and what limits count it against:
+# (its owner where its queue limits users, its array where the array is throttled; else 0).
+# Jobs of one shape form one class.
 Shape = tuple[
-    int, int, int, int, int, int, tuple[int, ...], tuple[tuple[str, str], ...], float, tuple[int, ...]
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[int, ...],
+    tuple[tuple[str, str], ...],
+    float,
+    tuple[int, ...],
+    tuple[int, int],
 ]
 NO_GPU = -1  # JobView.model of a job that asks for no GPU
 ANY_MODEL = -2  # JobView.model of a job that takes any of ``models``, in that order
@@ -76,6 +91,10 @@ class JobView:
     time_limit: float = NEVER  # seconds
     preemptible: bool = True
     models: tuple[int, ...] = ()  # an any-model job's acceptable models, best first
+    owner: int = 0  # its owner's user id
+    per_user: bool = False  # its queue limits running jobs or GPUs per user (``user_limits``)
+    array: int = 0  # the array it is a member of (``Job.array_id``); 0: none
+    throttle: int = 0  # at most this many members of ``array`` hold resources at once; 0: no cap
 
     @property
     def total_gpus(self) -> int:
@@ -98,6 +117,9 @@ class JobView:
             self.selector,
             self.time_limit,
             self.models,
+            # Limits count per owner and per array: jobs of two owners (or arrays) are
+            # interchangeable only where no limit tells them apart — classes split only there.
+            (self.owner if self.per_user else 0, self.array if self.throttle else 0),
         )
 
 
@@ -139,7 +161,7 @@ class QueueSortPlugin(Plugin, Protocol):
 @runtime_checkable
 class PreFilterPlugin(Plugin, Protocol):
     def pre_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
-        """Admission before looking at nodes (quota, gang feasibility)."""
+        """Admission before looking at nodes (per-user limits, quota, gang feasibility)."""
 
 
 @runtime_checkable
@@ -172,5 +194,6 @@ class ReservePlugin(Plugin, Protocol):
 class PostFilterPlugin(Plugin, Protocol):
     def post_filter(self, state: CycleState, snap: Snapshot, job: JobView) -> Status:
         """Called when the job cannot be placed now (its quota or no node fits): preemption and
-        backfill's reservations live here. OK with no message: nothing to add; a status with a
-        message: words appended to the job's pending reason ("would start ≈ 14:20 on sim-b")."""
+        backfill's reservations live here; never for a job a pre-filter refused ``UNRESOLVABLE``
+        (a limit). OK with no message: nothing to add; a status with a message: words appended
+        to the job's pending reason ("would start ≈ 14:20 on sim-b")."""

@@ -1,9 +1,9 @@
 """Profiles: which plugins run, with which weights and arguments (``ORRERY_SCHEDULER_PROFILE``).
 
     ORRERY_SCHEDULER_PROFILE = {
-        "plugins": ["priority", "fair_share", "quota", "gang", "node_state", "gpu_model",
-                    "cluster_affinity", "selectors", "resources_fit", "preemption", "backfill",
-                    "binpack"],
+        "plugins": ["priority", "fair_share", "user_limits", "array_throttle", "quota", "gang",
+                    "node_state", "gpu_model", "cluster_affinity", "selectors", "resources_fit",
+                    "preemption", "backfill", "binpack"],
         "weights": {"binpack": 1.0},
         "args": {},
     }
@@ -35,6 +35,8 @@ DEFAULT_PROFILE: dict[str, Any] = {
     "plugins": [
         "priority",
         "fair_share",
+        "user_limits",  # limits first: a job its owner may not run now claims no quota
+        "array_throttle",
         "quota",
         "gang",
         "node_state",

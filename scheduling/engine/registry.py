@@ -8,6 +8,7 @@ their key so that their classes do not read as the model or choice of the same n
 
 from __future__ import annotations
 
+from scheduling.engine.plugins.array_throttle import ArrayThrottle
 from scheduling.engine.plugins.backfill import Backfill
 from scheduling.engine.plugins.binpack import Binpack
 from scheduling.engine.plugins.cluster_affinity import ClusterAffinity
@@ -21,6 +22,7 @@ from scheduling.engine.plugins.priority import Priority
 from scheduling.engine.plugins.quota import Quota
 from scheduling.engine.plugins.resources_fit import ResourcesFit
 from scheduling.engine.plugins.spread import Spread
+from scheduling.engine.plugins.user_limits import UserLimits
 
 REGISTRY: dict[str, type] = {
     "node_state": NodeReady,
@@ -29,6 +31,8 @@ REGISTRY: dict[str, type] = {
     "selectors": NodeSelector,
     "cluster_affinity": ClusterAffinity,
     "quota": Quota,
+    "user_limits": UserLimits,
+    "array_throttle": ArrayThrottle,
     "gang": Gang,
     "priority": Priority,
     "fair_share": FairShare,

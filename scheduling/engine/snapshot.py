@@ -8,6 +8,7 @@ log it, so a class's filter mask can be brought up to date by re-checking only c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,45 @@ class QuotaBook:
 
 
 @dataclass
+class LimitBook:
+    """Per-user limits of queues (``Queue.max_running_jobs_per_user``, ``max_gpus_per_user``) and
+    what counts against them and against arrays' throttles: jobs and GPUs held per (queue,
+    owner), members holding resources per array. A job counts from the moment the cycle that
+    places it assumes it (so later decisions of the same cycle see it) until it gives back
+    what it holds — every active state, PREEMPTED (draining) included."""
+
+    max_jobs: dict[int, int] = field(default_factory=dict)  # queue id → running jobs per user
+    max_gpus: dict[int, int] = field(default_factory=dict)  # queue id → GPUs per user
+    jobs: dict[tuple[int, int], int] = field(default_factory=dict)  # (queue, owner) → jobs holding
+    gpus: dict[tuple[int, int], int] = field(default_factory=dict)  # (queue, owner) → GPUs held
+    members: dict[int, int] = field(default_factory=dict)  # array id → members holding
+    owners: dict[int, str] = field(default_factory=dict)  # user id → username, for the reasons
+
+    def limits_users(self, queue: int) -> bool:
+        return queue in self.max_jobs or queue in self.max_gpus
+
+    def add(self, queue: int, owner: int, array: int, gpus: int, sign: int = 1) -> None:
+        """Count one job holding ``gpus`` (``sign=-1``: give it back). Counts that reach zero go,
+        so the book holds only what is held now."""
+        key = (queue, owner)
+        _bump(self.jobs, key, sign)
+        _bump(self.gpus, key, sign * gpus)
+        if array:
+            _bump(self.members, array, sign)
+
+    def owner_name(self, owner: int) -> str:
+        return self.owners.get(owner) or f"user {owner}"
+
+
+def _bump(counts: dict[Any, int], key: Any, by: int) -> None:
+    value = counts.get(key, 0) + by
+    if value:
+        counts[key] = value
+    else:
+        counts.pop(key, None)
+
+
+@dataclass
 class Snapshot:
     node_id: np.ndarray  # int64
     cluster: np.ndarray  # int32, index into cluster_ids
@@ -76,6 +116,7 @@ class Snapshot:
     labels: list[dict[str, str]]
     names: list[str] = field(default_factory=list)
     quota: QuotaBook = field(default_factory=QuotaBook)
+    limits: LimitBook = field(default_factory=LimitBook)
     queue_names: dict[int, str] = field(default_factory=dict)
     queue_models: dict[int, tuple[int, ...]] = field(default_factory=dict)  # any-model order per queue
     changed: list[int] = field(default_factory=list)

@@ -29,7 +29,13 @@ class PreferLastRow:
 def test_default_profile_sorts_plugins_into_extension_points():
     profile = build_profile(DEFAULT_PROFILE)
     assert [p.name for p in profile.queue_sort] == ["priority", "fair_share"]
-    assert [p.name for p in profile.pre_filter] == ["quota", "gang", "backfill"]
+    assert [p.name for p in profile.pre_filter] == [
+        "user_limits",
+        "array_throttle",
+        "quota",
+        "gang",
+        "backfill",
+    ]
     assert [p.name for p in profile.filter] == [
         "node_state",
         "gpu_model",

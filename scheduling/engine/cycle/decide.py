@@ -1,10 +1,11 @@
 """Phase 3 of a cycle: decide placements in memory, writing nothing.
 
-Equivalence classes go in queue-sort order; for each class's head job: PreFilter (quota, gang),
-the class's Filter mask (computed once per class, then re-checked only on rows that changed),
-Score, select nodes and exact GPU indices, Reserve, and assume the placement into the cache. A
-class that does not fit is given up for the rest of the cycle (capacity only shrinks within a
-cycle), with a sentence built from the filter masks saying why.
+Equivalence classes go in queue-sort order; for each class's head job: PreFilter (per-user
+limits, array throttles, quota, gang), the class's Filter mask (computed once per class, then
+re-checked only on rows that changed), Score, select nodes and exact GPU indices, Reserve, and
+assume the placement into the cache. A class that does not fit is given up for the rest of the
+cycle (capacity only shrinks, and what limits count only grows, within a cycle), with a sentence
+built from the filter masks saying why.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def decide(
         if status is not None:
             state.data["why"] = status
             preempting = len(state.data.get("preemptions", ()))
-            effects = _post_filter(profile, state, snap, tried)
+            # A limit is not a shortage: no room is made or held for a job its limits refuse.
+            effects = _post_filter(profile, state, snap, tried) if status.code != Code.UNRESOLVABLE else []
             if effects:
                 state.data["signature"] = hash((state.data["signature"], job.id))
             status = _with_words(status, state.data.pop("post_words", ""))
