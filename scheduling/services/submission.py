@@ -169,8 +169,9 @@ def queue_limit_errors(
     spec: JobSpec, queue: Queue, *, privileged: bool, path: str = ""
 ) -> list[tuple[str, str]]:
     """What the queue does not allow: a priority above its limit for members (managers and
-    operators may go up to the spec's own bound), a time limit above its longest, a grace period
-    on preemption above its own."""
+    operators may go up to the spec's own bound), a time limit above its longest, more GPUs than
+    one user may hold in it (such a job could never start), a grace period on preemption above
+    its own."""
     p = f"{path}." if path else ""
     errors = []
     if spec.priority > queue.max_member_priority and not privileged:
@@ -187,6 +188,15 @@ def queue_limit_errors(
                 f"{p}spec.timeLimit",
                 f"queue {queue} allows at most {queue.max_time_limit_s} seconds; ask for less or use "
                 "another queue",
+            )
+        )
+    total_gpus = spec.nodes * spec.gpus.count
+    if queue.max_gpus_per_user is not None and total_gpus > queue.max_gpus_per_user:
+        errors.append(
+            (
+                f"{p}spec.resources.gpus",
+                f"queue {queue} lets one user hold at most {queue.max_gpus_per_user} GPUs; this job asks "
+                f"for {total_gpus}, so it could never start",
             )
         )
     grace = spec.preemption_grace_s

@@ -85,6 +85,15 @@ def test_time_limits_stay_within_the_queues_longest(api, alice, queue):
     assert created.json()["timeLimitSeconds"] == 3600
 
 
+def test_a_job_bigger_than_one_user_may_hold_is_refused_not_left_waiting(api, alice, queue):
+    queue.max_gpus_per_user = 2
+    queue.save()
+    response = submit(api(alice), job_spec(spec__resources={"gpus": "h100:4"}))
+    assert response.status_code == 400 and error_paths(response) == ["spec.resources.gpus"]
+    assert "at most 2 GPUs" in response.json()["errors"][0]["message"]
+    assert submit(api(alice), job_spec(spec__resources={"gpus": "h100:2"})).status_code == 201
+
+
 # --- holds --------------------------------------------------------------------------------------
 
 
