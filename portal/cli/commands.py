@@ -222,7 +222,9 @@ def cmd_update(args: argparse.Namespace) -> int:
     """``scontrol update``: change waiting jobs (``PATCH jobs/REF``)."""
     changes: dict[str, Any] = {
         "timeLimit": args.time_limit,
-        "priority": args.priority,
+        "priority": int(args.priority)
+        if re.fullmatch(r"[+-]?[0-9]{1,6}", args.priority or "")
+        else args.priority,
         "name": args.name,
         "throttle": args.throttle,
     }

@@ -36,9 +36,10 @@ def inert(text: str) -> str:
 
 
 def table(
-    headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO = sys.stdout, *, raw: bool = False
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None, *, raw: bool = False
 ) -> None:
     """Aligned columns. Cells are made ``inert`` unless ``raw`` (then printed as they are)."""
+    out = out or sys.stdout  # looked up now, not at import: the caller may have redirected it
     rows = [["" if v is None else str(v) if raw else inert(str(v)) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -47,7 +48,8 @@ def table(
         out.write(line.format(*row).rstrip() + "\n")
 
 
-def dump(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
+def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     if fmt == "json":
         out.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     else:
@@ -238,7 +240,8 @@ def _preference(models: list[str] | None) -> str | None:
     return ",".join(models) or "any"
 
 
-def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
+def job_detail(job: dict[str, Any], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     fields = [
         ("JobId", job.get("ref") or job["id"]),
         ("ArrayJobId", job.get("arrayId")),
