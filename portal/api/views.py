@@ -90,6 +90,7 @@ from scheduling.services.jobs import (
     submit_jobs,
 )
 from scheduling.services.submission import build_requests
+from scheduling.services.transitions import InvalidTransition
 from scheduling.services.updates import UpdateRefused, parse_changes, update_jobs
 from scheduling.spec import SpecError, parse_job_spec
 
@@ -360,7 +361,10 @@ class JobActionView(APIView):
         jobs, many = _actionable(request.user, ref)
         if not many:
             job = jobs.get()
-            self.services[self.verb](job, actor=request.user)
+            try:
+                self.services[self.verb](job, actor=request.user)
+            except InvalidTransition as exc:  # it names the job id; users know a member as 74_3
+                raise InvalidTransition(job.ref, exc.current, exc.to) from None
             return Response(JobDetailSerializer(_fresh(request.user, job.pk)).data)
         if self.verb == "checkpoint":
             raise InputError([("ref", "a checkpoint is recorded for one job; name one member, e.g. 74_3")])

@@ -353,7 +353,7 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
             who = (
                 "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
             )
-            raise OperatorsOnly(f"job {job.pk} was held by {who}; only an operator may release it")
+            raise OperatorsOnly(f"job {job.ref} was held by {who}; only an operator may release it")
         return transition_job(
             job.pk,
             JobState.PENDING,
@@ -439,7 +439,7 @@ def checkpoint_job(job: Job, *, actor: AbstractBaseUser | None) -> Job:
     now = timezone.now()
     if not Job.objects.filter(pk=job.pk, state__in=ACTIVE_STATES).update(checkpointed_at=now):
         state = Job.objects.values_list("state", flat=True).get(pk=job.pk)
-        raise NotActive(f"job {job.pk} is {state}: only a placed or running job can record a checkpoint")
+        raise NotActive(f"job {job.ref} is {state}: only a placed or running job can record a checkpoint")
     job.checkpointed_at = now
     return job
 

@@ -228,3 +228,15 @@ def test_an_array_as_a_whole(api, alice):
         "states": {"PENDING": 3, "CANCELLED": 2},
     }
     assert client.get("/api/v1/arrays/999999").status_code == 404
+
+
+def test_refusals_name_a_member_by_its_ref(api, alice):
+    client = api(alice)
+    first = submit_array(client, "0-2")[0]["id"]
+    client.post(url(f"{first}_2", "cancel"))
+    again = client.post(url(f"{first}_2", "cancel"))
+    assert again.status_code == 409
+    assert again.json()["detail"] == f"job {first}_2: CANCELLED is a final state."
+    checkpoint = client.post(url(f"{first}_1", "checkpoint"))
+    assert checkpoint.status_code == 409
+    assert checkpoint.json()["detail"].startswith(f"job {first}_1 is PENDING")
