@@ -168,9 +168,9 @@ def update_jobs(
     Permission to act on the jobs is the caller's; ``privileged`` says whether the actor
     manages their project (or is an operator)."""
     with transaction.atomic():
-        rows = list(
-            Job.objects.select_for_update().filter(pk__in=job_ids).select_related("queue").order_by("pk")
-        )
+        # Lock the jobs only (not their queue, which submissions lock), in id order.
+        locked = Job.objects.select_for_update(of=("self",)).filter(pk__in=job_ids).order_by("pk")
+        rows = list(locked.select_related("queue"))
         if changes.version is not None and (len(rows) != 1 or rows[0].version != changes.version):
             raise TransitionConflict(
                 f"job {rows[0].ref if rows else '?'} is at version {rows[0].version if rows else '?'}, "
