@@ -10,6 +10,7 @@ class AuditAction(models.TextChoices):
     JOB_HOLD = "job.hold", "Job held"
     JOB_RELEASE = "job.release", "Job released"
     JOB_REQUEUE = "job.requeue", "Job requeued"
+    JOB_UPDATE = "job.update", "Job changed"
     NODE_DRAIN = "node.drain", "Node drained"
     NODE_CORDON = "node.cordon", "Node cordoned"
     NODE_RESUME = "node.resume", "Node resumed"

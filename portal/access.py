@@ -5,12 +5,13 @@ so its existence does not leak."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from portal.choices import Role
 from portal.models import ApiToken, Membership, Project
 from scheduling.models import Job, Queue
+from scheduling.refs import JobRef
 from scheduling.spec import SpecError
 
 
@@ -93,3 +94,56 @@ def submission_queue(user: AbstractBaseUser, project: str | None, queue: str, *,
     if chosen is None:
         raise SpecError([(f"{p}spec.queue", f"project '{found.name}' has no queue '{queue}'")])
     return chosen
+
+
+# --- references: 74, 74_3, 74_[1-5] (scheduling.refs) -------------------------------------------
+
+
+def one_job(ref: JobRef) -> Q:
+    """The condition that selects the one job ``ref`` names (``74`` or ``74_3``)."""
+    if ref.ranged:
+        raise Http404("A range names several jobs.")
+    return Q(pk=ref.job_id) if ref.index is None else Q(array_id=ref.job_id, array_index=ref.index)
+
+
+def access_ref(user: AbstractBaseUser, ref: JobRef, jobs: QuerySet[Job] | None = None) -> Job:
+    """The one job ``ref`` names (``74`` or ``74_3``) if ``user`` may see it; Http404 otherwise.
+    ``jobs`` (among the user's visible jobs) may say what to fetch along with it."""
+    job = (visible_jobs(user) if jobs is None else jobs).filter(one_job(ref)).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def access_ref_jobs(user: AbstractBaseUser, ref: JobRef) -> tuple[QuerySet[Job], bool]:
+    """The jobs an action on ``ref`` acts on, if ``user`` may see them, and whether that is more
+    than one job by nature (an array or a range): ``74`` is job 74 alone, or its whole array
+    when 74 is an array's id (``scancel 74``); ``74_3`` one member; ``74_[1-5]`` those members.
+    Only the user's visible jobs are ever selected, so a range cannot reach another project's
+    array; Http404 when nothing visible matches."""
+    jobs = visible_jobs(user)
+    if ref.spans is None:
+        job = access_job(user, ref.job_id)
+        if job.array_id != job.pk:
+            return jobs.filter(pk=job.pk), False
+        return jobs.filter(array_id=job.pk), True
+    within = Q()
+    for low, high in ref.spans:
+        within |= Q(array_index__gte=low, array_index__lte=high)
+    selected = jobs.filter(within, array_id=ref.job_id)
+    if not selected.exists():
+        raise Http404("No such job.")
+    return selected, ref.ranged
+
+
+def can_act_on_jobs(user: AbstractBaseUser, jobs: QuerySet[Job]) -> bool:
+    """``can_act_on_job`` for every one of ``jobs`` (an array shares one owner and project:
+    one or two queries however many members)."""
+    if user.is_staff:
+        return True
+    pairs = set(jobs.order_by().values_list("owner_id", "project_id").distinct())
+    foreign = {project for owner, project in pairs if owner != user.pk}
+    if not foreign:
+        return True
+    managed = Membership.objects.filter(user=user, project_id__in=foreign, role=Role.MANAGER).count()
+    return managed == len(foreign)

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from scheduling.choices import NotificationEvent
+from scheduling.choices import SUBSCRIBABLE_EVENTS
 from scheduling.services.notifications import (
     SettingsRefused,
     recent_notifications,
@@ -74,7 +74,7 @@ def _page(
     context = {
         "email": email,
         "webhook_url": webhook_url,
-        "events": [(value, label, value in chosen) for value, label in NotificationEvent.choices],
+        "events": [(value, label, value in chosen) for value, label in SUBSCRIBABLE_EVENTS],
         "secret_set": bool(setting.webhook_secret),
         "secret": secret,
         "error_field": error[0] if error else "",

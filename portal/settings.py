@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from portal.deployment import production_problems
+from scheduling.refs import PATTERN as JOB_REF_PATTERN
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -385,6 +386,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},  # no badge from validator.swagger.io
     "COMPONENT_SPLIT_REQUEST": True,
+    "PATH_CONVERTER_OVERRIDES": {"jobref": {"type": "string", "pattern": "^" + JOB_REF_PATTERN + "$"}},
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "scheduling.choices.JobState",
         "NodeStateEnum": "clusters.choices.NodeState",

@@ -155,6 +155,13 @@ class NotificationEvent(models.TextChoices):
     FAILED = "failed", "Failed"
     TIMEOUT = "timeout", "Timed out"
     PREEMPTED = "preempted", "Preempted"
+    TEST = "test", "A test message the user asked for"
+
+
+# What a user may subscribe to (a test message is sent only when asked for).
+SUBSCRIBABLE_EVENTS: list[tuple[str, str]] = [
+    (value, label) for value, label in NotificationEvent.choices if value != NotificationEvent.TEST
+]
 
 
 class NotificationChannel(models.TextChoices):

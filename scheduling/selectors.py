@@ -6,7 +6,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Avg, Count, OuterRef, Prefetch, Q, QuerySet, Subquery, prefetch_related_objects
+from django.db import connection
+from django.db.models import (
+    Avg,
+    Count,
+    Max,
+    Min,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    prefetch_related_objects,
+)
 
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import GpuDevice, GpuModel, Node
@@ -368,3 +380,85 @@ def log_tail(job_id: int, lines: int) -> tuple[list[str], bool]:
         prefix = f"[{node}] " if len(chunks) > 1 else ""
         out += [prefix + line for line in text.splitlines()]
     return out[-lines:], truncated or len(out) > lines
+
+
+# --- arrays -------------------------------------------------------------------------------------
+
+MAX_SHOWN_SPANS = 20  # ranges in one summary label; more are elided
+
+
+@dataclass(frozen=True)
+class ArrayRow:
+    """Members of one array in one state, shown as one row: how many, and their indices as
+    inclusive spans (at most ``MAX_SHOWN_SPANS``; ``elided`` says whether more were left off)."""
+
+    count: int
+    spans: tuple[tuple[int, int], ...]
+    elided: bool
+
+
+def collapse_waiting_members(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """``jobs`` with the waiting members of each array reduced to one row per (array, state):
+    the member with the lowest id stands for the others (squeue shows pending tasks as one
+    line, ``74_[4-99%10]``). One grouped subquery over the same filtered jobs, so a filter that
+    selects some members collapses those. ``array_rows`` then tells what each row stands for."""
+    members = jobs.order_by().filter(array_id__isnull=False, state__in=WAITING_STATES)
+    firsts = members.values("array_id", "state").annotate(first=Min("pk")).values("first")
+    return jobs.exclude(Q(array_id__isnull=False, state__in=WAITING_STATES) & ~Q(pk__in=Subquery(firsts)))
+
+
+def array_rows(jobs: QuerySet[Job], shown: Iterable[Job]) -> dict[int, ArrayRow]:
+    """For the rows of ``shown`` that stand for waiting members of an array (see
+    ``collapse_waiting_members``; ``jobs`` is the same filtered queryset), by job id: the
+    count and the index spans of the members each stands for. The spans are computed in SQL
+    (gaps and islands: an index less its rank is constant along a run), one query per page."""
+    keys = {(job.array_id, job.state): job.pk for job in shown if job.array_id is not None}
+    keys = {key: pk for key, pk in keys.items() if key[1] in WAITING_STATES}
+    if not keys:
+        return {}
+    members = (
+        jobs.order_by()
+        .filter(array_id__in={a for a, _ in keys}, state__in=WAITING_STATES)
+        .values_list("array_id", "state", "array_index")
+    )
+    sql, params = members.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array_id, state, MIN(array_index), MAX(array_index), COUNT(*) FROM ("
+            " SELECT m.array_id, m.state, m.array_index, m.array_index - ROW_NUMBER() OVER"
+            " (PARTITION BY m.array_id, m.state ORDER BY m.array_index) AS island"
+            f" FROM ({sql}) AS m"
+            ") AS runs GROUP BY array_id, state, island ORDER BY array_id, state, 3",
+            params,
+        )
+        spans: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
+        for array_id, state, low, high, count in cursor.fetchall():
+            spans.setdefault((array_id, state), []).append((low, high, count))
+    return {
+        pk: ArrayRow(
+            count=sum(n for _, _, n in spans.get(key, [])),
+            spans=tuple((low, high) for low, high, _ in spans.get(key, [])[:MAX_SHOWN_SPANS]),
+            elided=len(spans.get(key, [])) > MAX_SHOWN_SPANS,
+        )
+        for key, pk in keys.items()
+    }
+
+
+def array_summary(jobs: QuerySet[Job], array_id: int) -> dict[str, Any] | None:
+    """One array as ``scontrol show job 74`` sums it up: its first member (name, owner, queue),
+    its throttle, how many members it has in each state, and its indices as spans. Two grouped
+    queries; None when ``jobs`` holds no member of it."""
+    members = jobs.order_by().filter(array_id=array_id)
+    counts = dict(members.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
+    if not counts:
+        return None
+    first = members.select_related("owner", "project", "queue").order_by("pk").first()
+    assert first is not None
+    stats = members.aggregate(low=Min("array_index"), high=Max("array_index"), n=Count("pk"))
+    return {
+        "first": first,
+        "states": counts,
+        "tasks": stats["n"],
+        "low": stats["low"],
+        "high": stats["high"],
+    }

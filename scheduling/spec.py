@@ -41,6 +41,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_SIM_DURATION_S = MAX_TIME_LIMIT_S
 MAX_ARRAY_SIZE = 10_000
+MAX_ARRAY_INDEX = 4_000_000  # Slurm's largest MaxArraySize less one
 MAX_RETRIES = 100
 MAX_CPUS = 1_000_000
 MAX_MEMORY_BYTES = 2**50
@@ -97,6 +98,7 @@ GPU_FIELDS = {"model", "models", "count"}
 PREEMPTION_FIELDS = {"signal", "grace"}
 PLACEMENT_FIELDS = {"clusters", "nodeSelector"}
 SIM_FIELDS = {"duration", "exitCode"}
+ARRAY_FIELDS = {"indices", "throttle"}
 
 
 class SpecError(Exception):
@@ -501,14 +503,35 @@ def parse_signal(value: Any) -> str:
     return name
 
 
-def parse_array(value: Any) -> list[int]:
-    """Indices for ``"0-99"``, ``"0-99:4"`` (step) or ``"1,3,5-7"``."""
+def parse_array(value: Any) -> tuple[list[int], int | None]:
+    """The indices and the throttle of an array, as Slurm's ``--array`` writes them:
+    ``"0-99"``, ``"0-99:4"`` (step), ``"1,3,5-7"``, each with an optional ``%N`` (at most N tasks
+    run at once: ``"0-99%10"``); or ``{indices: "0-99", throttle: 10}``. An index is at most
+    ``MAX_ARRAY_INDEX``, a throttle between 1 and ``MAX_ARRAY_SIZE``."""
+    throttle: Any = None
+    where = ""  # the throttle's place: spec.array itself, or its throttle key
+    if isinstance(value, dict):
+        unknown = sorted(str(k)[:40] for k in value if k not in ARRAY_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; use indices and throttle")
+        if "indices" not in value:
+            raise FieldProblems([(".indices", "is required, e.g. 0-99")])
+        value, throttle, where = value["indices"], value.get("throttle"), ".throttle"
+        if isinstance(value, str) and "%" in value:
+            raise FieldProblems([(".indices", "give the throttle once, in throttle")])
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError("must be like '0-99', '0-99:2' or '1,3,5'")
-    if isinstance(value, int) and not 0 <= value < _BEYOND:
-        raise ValueError(f"index {_shown(value)} is out of range")
+        raise ValueError("must be like '0-99', '0-99%10', '0-99:2' or '1,3,5'")
+    if isinstance(value, int) and not 0 <= value <= MAX_ARRAY_INDEX:
+        raise ValueError(f"index {_shown(value)} is out of range (0 to {MAX_ARRAY_INDEX})")
+    text = str(value).replace(" ", "")
+    if "%" in text:
+        text, _, throttle = text.rpartition("%")
+        number = ascii_integer(throttle) if len(throttle) <= _MAX_TEXT_NUMBER else None
+        if number is None or not throttle.isdigit():
+            raise ValueError(f"'%{throttle[:40]}' is not a throttle; use e.g. 0-99%10")
+        throttle = number
     indices: set[int] = set()
-    for part in str(value).replace(" ", "").split(","):
+    for part in text.split(","):
         if len(part) > _MAX_TEXT_NUMBER or not _ARRAY.fullmatch(part):
             raise ValueError(f"'{part[:40]}' is not an index range; use e.g. 0-99, 0-99:2 or 1,3,5")
         bounds, _, step = part.partition(":")
@@ -516,10 +539,28 @@ def parse_array(value: Any) -> list[int]:
         lo, hi, by = int(first), int(last or first), int(step or 1)
         if hi < lo or by < 1:
             raise ValueError(f"'{part}' is an empty range")
+        if hi > MAX_ARRAY_INDEX:
+            raise ValueError(f"index {_shown(hi)} is out of range (0 to {MAX_ARRAY_INDEX})")
         if (hi - lo) // by + 1 + len(indices) > MAX_ARRAY_SIZE:
             raise ValueError(f"an array has at most {MAX_ARRAY_SIZE} tasks")
         indices.update(range(lo, hi + 1, by))
-    return sorted(indices)
+    return sorted(indices), parse_throttle(throttle, where=where)
+
+
+def parse_throttle(value: Any, *, where: str = "") -> int | None:
+    """An array's throttle (Slurm's ``%N``): at most N of its tasks run at once; None (or 0):
+    no throttle. Problems raise ``FieldProblems`` at ``where``."""
+    if value is None:
+        return None
+    if isinstance(value, str) and ascii_integer(value) is not None:
+        value = ascii_integer(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FieldProblems([(where, f"must be an integer (tasks at once), not {_kind(value)}")])
+    if not 0 <= value <= MAX_ARRAY_SIZE:
+        raise FieldProblems(
+            [(where, f"must be between 0 (no throttle) and {MAX_ARRAY_SIZE}, got {_shown(value)}")]
+        )
+    return value or None
 
 
 def parse_dependency(value: Any) -> tuple[tuple[str, str], ...]:
@@ -747,7 +788,8 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         )
         grace = None
 
-    if name and values["array"] and len(name) + len(f"-{values['array'][-1]}") > 128:
+    indices, throttle = values["array"] or (None, None)
+    if name and indices and len(name) + len(f"-{indices[-1]}") > 128:
         c.add(f"{p}metadata.name", "is too long for an array: NAME-INDEX must fit in 128 characters")
     if c.errors:
         raise SpecError(c.errors)
@@ -773,7 +815,8 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         retries=retries,
         dependency=values["dependency"],
         failover=failover,
-        array=values["array"],
+        array=indices,
+        array_throttle=throttle,
         sim_duration_s=sim_duration,
         sim_exit_code=sim_exit,
         preemptible=preemptible,

@@ -21,6 +21,7 @@ from rest_framework.views import exception_handler
 from scheduling.services.budgets import BudgetExhausted
 from scheduling.services.jobs import IdempotencyConflict, NotActive, OperatorsOnly, TooManyPending
 from scheduling.services.transitions import InvalidTransition, TransitionConflict
+from scheduling.services.updates import NotWaiting
 from scheduling.spec import SpecError
 
 
@@ -57,7 +58,7 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         return response
     elif isinstance(exc, BudgetExhausted):
         return _body(409, f"Budget exhausted: {exc}.", extra={"code": "budget_exhausted"})
-    elif isinstance(exc, InvalidTransition | TransitionConflict | NotActive):
+    elif isinstance(exc, InvalidTransition | TransitionConflict | NotActive | NotWaiting):
         return _body(409, str(exc))
     elif isinstance(exc, OperatorsOnly):
         return _body(403, f"{str(exc)[0].upper()}{str(exc)[1:]}.")

@@ -20,7 +20,7 @@ from portal.api.errors import InputError
 from portal.api.schema import ERROR_SCHEMA
 from portal.api.throttles import ReadThrottle, SubmitThrottle
 from portal.choices import Scope
-from scheduling.choices import NotificationEvent
+from scheduling.choices import SUBSCRIBABLE_EVENTS
 from scheduling.models import NotificationSetting
 from scheduling.services.notifications import (
     SettingsRefused,
@@ -40,7 +40,7 @@ class NotificationSettingSerializer(serializers.Serializer):
     emailAddress = serializers.CharField(source="user.email", help_text="Where email goes (the account's).")
     webhookUrl = serializers.CharField(source="webhook_url", help_text="Empty: no webhook.")
     webhookSecretSet = serializers.SerializerMethodField()
-    events = serializers.ListField(child=serializers.ChoiceField(choices=NotificationEvent.choices))
+    events = serializers.ListField(child=serializers.ChoiceField(choices=SUBSCRIBABLE_EVENTS))
     updatedAt = serializers.DateTimeField(source="updated_at", allow_null=True)
 
     def get_webhookSecretSet(self, setting: NotificationSetting) -> bool:
@@ -64,8 +64,8 @@ class NotificationSettingRequestSerializer(serializers.Serializer):
         help_text="http(s) URL to a public address; empty removes the webhook.",
     )
     events = serializers.ListField(
-        child=serializers.ChoiceField(choices=NotificationEvent.choices),
-        max_length=len(NotificationEvent.values),
+        child=serializers.ChoiceField(choices=SUBSCRIBABLE_EVENTS),
+        max_length=len(SUBSCRIBABLE_EVENTS),
         required=False,
     )
 

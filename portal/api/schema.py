@@ -117,7 +117,23 @@ JOB_SPEC_SCHEMA = {
                 },
                 "retries": {"type": "integer", "minimum": 0, "maximum": 100},
                 "failover": {"type": "string", "enum": ["requeue", "hold", "fail"]},
-                "array": {"type": "string", "description": "0-99, 0-99:2 or 1,3,5"},
+                "array": {
+                    "description": "An array (Slurm's --array): 0-99, 0-99:2 or 1,3,5, with %N to run at "
+                    "most N tasks at once (0-99%10); or {indices, throttle}.",
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "integer", "minimum": 0, "maximum": 4_000_000},
+                        {
+                            "type": "object",
+                            "required": ["indices"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "indices": {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+                                "throttle": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                            },
+                        },
+                    ],
+                },
                 "preemptible": {"type": "boolean", "default": True},
                 "preemption": {
                     "type": "object",
@@ -184,6 +200,40 @@ ERROR_SCHEMA = {
                 "type": "object",
                 "properties": {"path": {"type": "string"}, "message": {"type": "string"}},
             },
+        },
+    },
+}
+
+JOB_UPDATE_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "description": "What to change on a waiting job (PENDING or HELD); at least one field.",
+    "properties": {
+        "timeLimit": {
+            "description": "A duration (2h, 90m, 1-00:00:00; a bare number is minutes). Members may "
+            "only lower it; managers and operators may raise it within the queue's maximum.",
+            "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 1}],
+        },
+        "priority": {
+            "description": "Within the queue's maxMemberPriority for members.",
+            "oneOf": [
+                {"type": "string", "enum": ["low", "normal", "high"]},
+                {"type": "integer", "minimum": -1000, "maximum": 1000},
+            ],
+        },
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
+        "hold": {"type": "boolean", "description": "true: hold; false: release."},
+        "throttle": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 10_000,
+            "description": "An array's: at most N members run at once (0: no limit); set on every member.",
+        },
+        "version": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "The job's version as last read: the update is refused (409) if it changed.",
         },
     },
 }

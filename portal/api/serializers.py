@@ -16,10 +16,20 @@ from portal.choices import Scope
 from portal.models import ApiToken
 from scheduling.choices import SHORT_CODES, WAITING_STATES, JobState
 from scheduling.models import Job, JobEvent
+from scheduling.refs import array_label, format_spans
 from scheduling.selectors import job_placement
 
 
 class JobSerializer(serializers.ModelSerializer):
+    """A job. ``id`` is its job id; ``ref`` the id users see (``74``, or ``74_3`` for member 3
+    of array 74). With ``arrays=summary``, a row may stand for the waiting members of an array
+    in one state: ``arrayTasks`` then says how many and which (``ref`` names them all)."""
+
+    ref = serializers.SerializerMethodField()
+    arrayId = serializers.IntegerField(source="array_id", allow_null=True)
+    arrayIndex = serializers.IntegerField(source="array_index", allow_null=True)
+    arrayThrottle = serializers.IntegerField(source="array_throttle", allow_null=True)
+    arrayTasks = serializers.SerializerMethodField()
     project = serializers.CharField(source="project.name")
     queue = serializers.CharField(source="queue.name")
     owner = serializers.CharField(source="owner.username")
@@ -44,6 +54,12 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id",
+            "ref",
+            "arrayId",
+            "arrayIndex",
+            "arrayThrottle",
+            "arrayTasks",
+            "version",
             "name",
             "project",
             "queue",
@@ -69,6 +85,36 @@ class JobSerializer(serializers.ModelSerializer):
             "estimatedStart",
         ]
         read_only_fields = fields
+
+    def get_ref(self, job: Job) -> str:
+        row = self.context.get("array_rows", {}).get(job.pk)
+        if row is not None and not row.elided and row.count > 1:
+            return array_label(job.array_id, row.spans)
+        return job.ref
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "count": {"type": "integer"},
+                "indices": {"type": "string"},
+                "label": {"type": "string"},
+            },
+        }
+    )
+    def get_arrayTasks(self, job: Job) -> dict[str, Any] | None:
+        """The waiting members this row stands for (``arrays=summary``): how many, their
+        indices (``4-99``; ``…`` when too many ranges to show) and squeue's label
+        (``74_[4-99%10]``); null for a row that stands for itself."""
+        row = self.context.get("array_rows", {}).get(job.pk)
+        if row is None:
+            return None
+        indices = format_spans(row.spans) + (",…" if row.elided else "")
+        label = array_label(job.array_id, row.spans, job.array_throttle)
+        if row.elided:
+            label = f"{job.array_id}_[{indices}" + (f"%{job.array_throttle}]" if job.array_throttle else "]")
+        return {"count": row.count, "indices": indices, "label": label}
 
     def get_stateCode(self, job: Job) -> str:
         return SHORT_CODES[job.state]
@@ -158,6 +204,34 @@ _REASON_SENTENCES = {
     "Requeued": "Requeued; waiting to be placed again.",
     "Preempted": "Preempted by a job with a better claim; requeued.",
 }
+
+
+class ArrayActionSerializer(serializers.Serializer):
+    """The answer to an action or an update on many jobs at once (an array, a range of
+    members): how many the reference matched, how many changed (the first 1000 of them by
+    ``ref``), how many were left as they were (their state did not allow it)."""
+
+    ref = serializers.CharField()
+    arrayId = serializers.IntegerField(allow_null=True)
+    matched = serializers.IntegerField()
+    changed = serializers.IntegerField()
+    unchanged = serializers.IntegerField()
+    changedRefs = serializers.ListField(child=serializers.CharField())
+
+
+class ArraySerializer(serializers.Serializer):
+    """An array as a whole (``GET arrays/{id}``): its id, name, owner, queue, throttle, how many
+    members, their lowest and highest index, and how many are in each state."""
+
+    arrayId = serializers.IntegerField()
+    name = serializers.CharField()
+    owner = serializers.CharField()
+    project = serializers.CharField()
+    queue = serializers.CharField()
+    throttle = serializers.IntegerField(allow_null=True)
+    tasks = serializers.IntegerField()
+    indices = serializers.CharField()
+    states = serializers.DictField(child=serializers.IntegerField())
 
 
 class JobDetailSerializer(JobSerializer):

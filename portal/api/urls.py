@@ -1,19 +1,37 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from portal.api import notifications, views
 from portal.api.budgets import BudgetListView
+from scheduling.refs import PATTERN, JobRef, parse_ref
+
+
+class JobRefConverter:
+    """``74``, ``74_3`` or ``74_[1-5,9]`` (``scheduling.refs``); anything else matches no
+    route (404), numbers out of range included."""
+
+    regex = PATTERN
+
+    def to_python(self, value: str) -> JobRef:
+        return parse_ref(value)  # ValueError: no match
+
+    def to_url(self, value: JobRef | int | str) -> str:
+        return str(value)
+
+
+register_converter(JobRefConverter, "jobref")
 
 app_name = "api"
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="jobs"),
     path("jobs/batch", views.JobBatchView.as_view(), name="jobs-batch"),
-    path("jobs/<int:pk>", views.JobDetailView.as_view(), name="job"),
-    path("jobs/<int:pk>/events", views.JobEventsView.as_view(), name="job-events"),
-    path("jobs/<int:pk>/logs", views.JobLogsView.as_view(), name="job-logs"),
+    path("jobs/<jobref:ref>", views.JobDetailView.as_view(), name="job"),
+    path("jobs/<jobref:ref>/events", views.JobEventsView.as_view(), name="job-events"),
+    path("jobs/<jobref:ref>/logs", views.JobLogsView.as_view(), name="job-logs"),
     *[
-        path(f"jobs/<int:pk>/{verb}", views.JobActionView.as_view(verb=verb), name=f"job-{verb}")
+        path(f"jobs/<jobref:ref>/{verb}", views.JobActionView.as_view(verb=verb), name=f"job-{verb}")
         for verb in views.JobActionView.services
     ],
+    path("arrays/<int:pk>", views.ArrayDetailView.as_view(), name="array"),
     path("projects", views.ProjectListView.as_view(), name="projects"),
     path("queues", views.QueueListView.as_view(), name="queues"),
     path("clusters", views.ClusterListView.as_view(), name="clusters"),

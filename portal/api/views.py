@@ -11,6 +11,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
+    PolymorphicProxySerializer,
     extend_schema,
     extend_schema_view,
     inline_serializer,
@@ -31,9 +32,10 @@ from clusters.selectors import all_clusters, cluster_by_name, gpu_catalog, node_
 from clusters.services.identity import map_account, unmap_account
 from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from portal.access import (
-    access_job,
+    access_ref,
+    access_ref_jobs,
     access_token,
-    can_act_on_job,
+    can_act_on_jobs,
     is_privileged_in,
     submission_queue,
     visible_jobs,
@@ -42,8 +44,10 @@ from portal.access import (
 )
 from portal.api.errors import InputError
 from portal.api.filters import JOB_FILTERS, filter_jobs
-from portal.api.schema import ERROR_SCHEMA, JOB_BATCH_SCHEMA, JOB_SPEC_SCHEMA
+from portal.api.schema import ERROR_SCHEMA, JOB_BATCH_SCHEMA, JOB_SPEC_SCHEMA, JOB_UPDATE_SCHEMA
 from portal.api.serializers import (
+    ArrayActionSerializer,
+    ArraySerializer,
     ClusterOnboardSerializer,
     ClusterSerializer,
     GpuModelSerializer,
@@ -63,7 +67,11 @@ from portal.models import ApiToken
 from portal.selectors import api_tokens, memberships
 from portal.services.tokens import TokenRefused, issue_token, revoke_token
 from scheduling.models import Job, Queue
+from scheduling.refs import JobRef
 from scheduling.selectors import (
+    array_rows,
+    array_summary,
+    collapse_waiting_members,
     fleet_capacity,
     job_events,
     jobs_by_id,
@@ -73,6 +81,7 @@ from scheduling.selectors import (
     queue_gpu_rows,
 )
 from scheduling.services.jobs import (
+    act_on_jobs,
     cancel_job,
     checkpoint_job,
     hold_job,
@@ -81,11 +90,19 @@ from scheduling.services.jobs import (
     submit_jobs,
 )
 from scheduling.services.submission import build_requests
+from scheduling.services.transitions import InvalidTransition
+from scheduling.services.updates import UpdateRefused, parse_changes, update_jobs
 from scheduling.spec import SpecError, parse_job_spec
 
 MAX_BATCH = 1000
 MAX_BATCH_JOBS = 10_000
 ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 403, 404, 409, 422, 429)}
+# One job's detail, or counts for many (an array, a range of members).
+JOB_OR_MANY = PolymorphicProxySerializer(
+    component_name="JobOrMany",
+    serializers=[JobDetailSerializer, ArrayActionSerializer],
+    resource_type_field_name=None,
+)
 
 
 class IdCursor(CursorPagination):
@@ -125,15 +142,41 @@ class JobListView(GenericAPIView):
         return [SubmitThrottle()] if self.request.method == "POST" else [ReadThrottle()]
 
     def get_queryset(self) -> QuerySet[Job]:
-        return jobs_with_placement(filter_jobs(visible_jobs(self.request.user), self.request.query_params))
+        return jobs_with_placement(self._filtered())
+
+    def _filtered(self) -> QuerySet[Job]:
+        params = self.request.query_params
+        jobs = filter_jobs(visible_jobs(self.request.user), params)
+        if (raw := params.get("array")) is not None:
+            if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 18):
+                raise InputError([("query.array", "must be an array id, e.g. 74")])
+            jobs = jobs.filter(array_id=int(raw))
+        return jobs
 
     @extend_schema(
-        parameters=[OpenApiParameter(name, str, description=f"filter by {name}") for name in JOB_FILTERS],
+        parameters=[
+            *(OpenApiParameter(name, str, description=f"filter by {name}") for name in JOB_FILTERS),
+            OpenApiParameter("array", int, description="only the members of this array"),
+            OpenApiParameter(
+                "arrays",
+                str,
+                enum=["expand", "summary"],
+                description="summary: the waiting members of an array in one state as one row (squeue)",
+            ),
+        ],
         responses={200: JobSerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(JobSerializer(page, many=True).data)
+        mode = request.query_params.get("arrays", "expand")
+        if mode not in ("expand", "summary"):
+            raise InputError([("query.arrays", "must be expand or summary")])
+        if mode == "expand":
+            page = self.paginate_queryset(self.get_queryset())
+            return self.get_paginated_response(JobSerializer(page, many=True).data)
+        filtered = self._filtered()
+        page = self.paginate_queryset(jobs_with_placement(collapse_waiting_members(filtered)))
+        context = {"array_rows": array_rows(filtered, page)}
+        return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
 
     @extend_schema(
         request={"application/json": JOB_SPEC_SCHEMA, "application/yaml": JOB_SPEC_SCHEMA},
@@ -222,30 +265,58 @@ class JobBatchView(APIView):
         return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
 
 
-@extend_schema_view(
-    get=extend_schema(responses={200: JobDetailSerializer, 404: OpenApiResponse(ERROR_SCHEMA)})
-)
-class JobDetailView(RetrieveAPIView):
-    serializer_class = JobDetailSerializer
-    throttle_classes = [ReadThrottle]
+class JobDetailView(APIView):
+    """``GET jobs/{ref}``: one job (``74``, or ``74_3`` for a member of array 74). ``PATCH``
+    changes a waiting job (``scontrol update``): ``timeLimit`` (members may only lower it),
+    ``priority`` (within the queue's limits), ``name``, ``hold`` (true: hold, false: release),
+    ``throttle`` (an array's: on every member); ``version`` makes it a compare-and-set. On an
+    array's id or a range of members, every waiting member matched changes."""
 
-    def get_object(self) -> Job:
-        return (
-            jobs_with_placement(visible_jobs(self.request.user)).filter(pk=self.kwargs["pk"]).first()
-            or _missing()
-        )
+    write_scope = Scope.SUBMIT
+
+    def get_throttles(self) -> list[Any]:
+        return [SubmitThrottle()] if self.request.method == "PATCH" else [ReadThrottle()]
+
+    @extend_schema(responses={200: JobDetailSerializer, **ERRORS})
+    def get(self, request: Request, ref: JobRef) -> Response:
+        job = access_ref(request.user, _single(ref), jobs_with_placement(visible_jobs(request.user)))
+        return Response(JobDetailSerializer(job).data)
+
+    @extend_schema(
+        request={"application/json": JOB_UPDATE_SCHEMA, "application/yaml": JOB_UPDATE_SCHEMA},
+        responses={200: JOB_OR_MANY, **ERRORS},
+    )
+    def patch(self, request: Request, ref: JobRef) -> Response:
+        try:
+            changes = parse_changes(request.data)
+        except UpdateRefused as exc:
+            raise InputError(exc.errors, "Invalid update.") from None
+        jobs, many = _actionable(request.user, ref)
+        members = list(jobs.values_list("pk", "array_id", "array_index", "queue_id"))
+        queue = Queue.objects.get(pk=members[0][3])
+        try:
+            outcome = update_jobs(
+                [pk for pk, *_ in members],
+                changes,
+                actor=request.user,
+                privileged=is_privileged_in(request.user, queue),
+                target=f"job:{ref}",
+            )
+        except UpdateRefused as exc:
+            raise InputError(exc.errors, "Invalid update.") from None
+        if not many:
+            return Response(JobDetailSerializer(_fresh(request.user, members[0][0])).data)
+        return Response(_many_answer(ref, members, outcome.changed))
 
 
-@extend_schema_view(
-    get=extend_schema(responses={200: JobEventSerializer(many=True), 404: OpenApiResponse(ERROR_SCHEMA)})
-)
+@extend_schema_view(get=extend_schema(responses={200: JobEventSerializer(many=True), **ERRORS}))
 class JobEventsView(ListAPIView):
     serializer_class = JobEventSerializer
     throttle_classes = [ReadThrottle]
     pagination_class = None
 
     def get_queryset(self) -> QuerySet:
-        job = access_job(self.request.user, self.kwargs["pk"])
+        job = access_ref(self.request.user, _single(self.kwargs["ref"]))
         return job_events(job)
 
 
@@ -258,19 +329,21 @@ class JobLogsView(APIView):
         parameters=[OpenApiParameter("tail", int, description="last N lines (1–10000, default 100)")],
         responses={200: OpenApiTypes.OBJECT, **ERRORS},
     )
-    def get(self, request: Request, pk: int) -> Response:
-        job = access_job(request.user, pk)
+    def get(self, request: Request, ref: JobRef) -> Response:
+        job = access_ref(request.user, _single(ref))
         raw = request.query_params.get("tail", "100")
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 1 <= int(raw) <= 10_000:
             raise InputError([("query.tail", "must be an integer between 1 and 10000")])
         lines, truncated = log_tail(job.pk, int(raw))
-        return Response({"jobId": job.pk, "lines": lines, "truncated": truncated})
+        return Response({"jobId": job.pk, "ref": job.ref, "lines": lines, "truncated": truncated})
 
 
 class JobActionView(APIView):
-    """``POST jobs/{id}/cancel|hold|release|requeue|checkpoint``: owners, project managers and
+    """``POST jobs/{ref}/cancel|hold|release|requeue|checkpoint``: owners, project managers and
     operators. ``checkpoint`` stamps an active job as having just saved its work (409 for a job
-    that waits or has ended)."""
+    that waits or has ended). On an array's id (``74``: ``scancel 74``) or a range of members
+    (``74_[1-5]``), cancel, hold, release and requeue act on every member matched, and answer
+    with counts (409 when none could change)."""
 
     throttle_classes = [SubmitThrottle]
     write_scope = Scope.SUBMIT
@@ -283,18 +356,85 @@ class JobActionView(APIView):
     }
     verb = ""  # set per URL by as_view(verb=…)
 
-    @extend_schema(
-        request=None, responses={200: JobDetailSerializer, 403: OpenApiResponse(ERROR_SCHEMA), **ERRORS}
-    )
-    def post(self, request: Request, pk: int) -> Response:
-        job = access_job(request.user, pk)
-        if not can_act_on_job(request.user, job):
-            raise PermissionDenied(
-                "Only the job's owner, a manager of its project or an operator may do that."
-            )
-        self.services[self.verb](job, actor=request.user)
-        fresh = jobs_with_placement(visible_jobs(request.user)).get(pk=job.pk)
-        return Response(JobDetailSerializer(fresh).data)
+    @extend_schema(request=None, responses={200: JOB_OR_MANY, **ERRORS})
+    def post(self, request: Request, ref: JobRef) -> Response:
+        jobs, many = _actionable(request.user, ref)
+        if not many:
+            job = jobs.get()
+            try:
+                self.services[self.verb](job, actor=request.user)
+            except InvalidTransition as exc:  # it names the job id; users know a member as 74_3
+                raise InvalidTransition(job.ref, exc.current, exc.to) from None
+            return Response(JobDetailSerializer(_fresh(request.user, job.pk)).data)
+        if self.verb == "checkpoint":
+            raise InputError([("ref", "a checkpoint is recorded for one job; name one member, e.g. 74_3")])
+        members = list(jobs.values_list("pk", "array_id", "array_index"))
+        outcome = act_on_jobs(self.verb, [pk for pk, *_ in members], actor=request.user, target=f"jobs:{ref}")
+        if not outcome.moved:
+            states = ", ".join(sorted(set(jobs.values_list("state", flat=True))))
+            detail = f"None of the {len(members)} jobs of {ref} could be changed: they are {states}."
+            return Response({"detail": detail, "errors": []}, status=status.HTTP_409_CONFLICT)
+        return Response(_many_answer(ref, members, outcome.moved))
+
+
+class ArrayDetailView(APIView):
+    """``GET arrays/{id}``: an array as a whole — its members in each state, aggregated in SQL."""
+
+    throttle_classes = [ReadThrottle]
+
+    @extend_schema(responses={200: ArraySerializer, **ERRORS})
+    def get(self, request: Request, pk: int) -> Response:
+        summary = array_summary(visible_jobs(request.user), pk) or _missing()
+        first = summary["first"]
+        name = first.name.removesuffix(f"-{first.array_index}")
+        low, high = summary["low"], summary["high"]
+        return Response(
+            {
+                "arrayId": pk,
+                "name": name,
+                "owner": first.owner.username,
+                "project": first.project.name,
+                "queue": first.queue.name,
+                "throttle": first.array_throttle,
+                "tasks": summary["tasks"],
+                "indices": str(low) if low == high else f"{low}-{high}",
+                "states": summary["states"],
+            }
+        )
+
+
+def _single(ref: JobRef) -> JobRef:
+    """``ref`` if it names one job; a range is refused (400) where one job is meant."""
+    if not ref.single:
+        raise InputError(
+            [("ref", f"{ref} names several jobs; name one, e.g. {ref.job_id}_{ref.spans[0][0]}")]
+        )
+    return ref
+
+
+def _actionable(user: Any, ref: JobRef) -> tuple[QuerySet[Job], bool]:
+    """The jobs ``ref`` acts on, if the user may act on every one of them (403 otherwise)."""
+    jobs, many = access_ref_jobs(user, ref)
+    if not can_act_on_jobs(user, jobs):
+        raise PermissionDenied("Only the job's owner, a manager of its project or an operator may do that.")
+    return jobs, many
+
+
+def _fresh(user: Any, pk: int) -> Job:
+    return jobs_with_placement(visible_jobs(user)).get(pk=pk)
+
+
+def _many_answer(ref: JobRef, members: list[tuple[Any, ...]], changed: list[int]) -> dict[str, Any]:
+    refs = {pk: f"{array}_{index}" if array is not None else str(pk) for pk, array, index, *_ in members}
+    arrays = {array for _, array, *_ in members}
+    return {
+        "ref": str(ref),
+        "arrayId": arrays.pop() if len(arrays) == 1 else None,
+        "matched": len(members),
+        "changed": len(changed),
+        "unchanged": len(members) - len(changed),
+        "changedRefs": [refs[pk] for pk in changed[:1000]],
+    }
 
 
 # --- fleet, projects, me ----------------------------------------------------------------------

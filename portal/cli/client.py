@@ -93,6 +93,9 @@ class Client:
         url = f"/api/v1/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         return self.request("POST", url, body, content_type=content_type, headers=headers)
 
+    def patch(self, path: str, body: bytes, *, content_type: str = "application/json") -> Any:
+        return self.request("PATCH", f"/api/v1/{path}", body, content_type=content_type)
+
     def follow(self, url: str) -> Any:
         """Fetch a ``next`` link of a paginated list (absolute URL from the server)."""
         parsed = urllib.parse.urlsplit(url)

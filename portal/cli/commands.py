@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -47,58 +50,72 @@ def cmd_login(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+def spec_documents(text: str, source: str) -> list[dict[str, Any]]:
+    """The job specs in a file: one YAML or JSON document, several (``---``), or lists of specs
+    in any of them, flattened in order. Anything that is not a spec (a mapping) is an error
+    naming its place."""
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise ApiError(0, f"{args.file} is not valid YAML: {exc}") from None
-    if not documents:
-        raise ApiError(0, f"{args.file} holds no job spec")
-    for document in documents if args.dependency else ():  # sbatch's --dependency: every job waits
-        if isinstance(document, dict) and isinstance(document.get("spec"), dict):
-            document["spec"]["dependency"] = args.dependency
+        raise ApiError(0, f"{source} is not valid YAML: {exc}") from None
+    specs: list[dict[str, Any]] = []
+    for i, document in enumerate(documents):
+        items = document if isinstance(document, list) else [document]
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                where = f"document {i + 1}" + (f", item {j + 1}" if isinstance(document, list) else "")
+                raise ApiError(0, f"{source}: {where} is not a job spec (a mapping with apiVersion, spec…)")
+            specs.append(item)
+    if not specs:
+        raise ApiError(0, f"{source} holds no job spec")
+    return specs
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """One plain spec goes to ``POST jobs``; several, or an array (``spec.array``), to
+    ``POST jobs/batch`` as ``{jobs: [...]}``: all are accepted or none."""
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    specs = spec_documents(text, args.file)
+    for spec in specs if args.dependency else ():  # sbatch's --dependency: every job waits
+        if isinstance(spec.get("spec"), dict):
+            spec["spec"]["dependency"] = args.dependency
     api = client_for(args)
     # A key per invocation: a retried request after a network error cannot submit twice.
     headers = {"Idempotency-Key": args.idempotency_key or str(uuid.uuid4())}
-    body = (
-        yaml.safe_dump_all(documents).encode()
-        if len(documents) > 1
-        else yaml.safe_dump(documents[0]).encode()
-    )
-    batch = len(documents) > 1 or "array" in (documents[0].get("spec") or {})
+    spec = specs[0].get("spec")
+    batch = len(specs) > 1 or (isinstance(spec, dict) and spec.get("array") is not None)
     if args.dry_run:
         if batch:
             raise ApiError(0, "--dry-run takes one job spec without spec.array")
+        body = yaml.safe_dump(specs[0]).encode()
         result = api.post("jobs", body, content_type="application/yaml", dryRun="true")
         print(f"Valid: would submit {result['jobs']} job(s).")
         render.dump(result["spec"], "yaml")
         return 0
     if batch:
-        result = api.post("jobs/batch", body, content_type="application/yaml", headers=headers)
-        jobs = result["jobs"]
+        body = yaml.safe_dump({"jobs": specs}).encode()
+        jobs = api.post("jobs/batch", body, content_type="application/yaml", headers=headers)["jobs"]
     else:
+        body = yaml.safe_dump(specs[0]).encode()
         jobs = [api.post("jobs", body, content_type="application/yaml", headers=headers)]
-    for job in jobs:
-        reason = f": {render.reason(job)}" if render.reason(job) else ""
-        print(render.inert(f"Submitted job {job['id']} ({job['name']}) — {job['state']}{reason}"))
+    for line in render.submitted(jobs):
+        print(render.inert(line))
     if not args.wait:
         return 0
-    return _wait([j["id"] for j in jobs], api)
+    return _wait(jobs, api)
 
 
-def _wait(ids: list[int], api: Client) -> int:
-    remaining, failed = set(ids), 0
+def _wait(jobs: list[dict[str, Any]], api: Client) -> int:
+    refs = {job["id"]: job.get("ref") or str(job["id"]) for job in jobs}
+    remaining, failed = set(refs), 0
     last: dict[int, str] = {}
     while remaining:
         for job_id in sorted(remaining):
             job = api.get(f"jobs/{job_id}")
             if last.get(job_id) != job["state"]:
                 last[job_id] = job["state"]
-                print(
-                    f"job {job_id}: {job['state']}"
-                    + (f" ({render.reason(job)})" if render.reason(job) else "")
-                )
+                why = f" ({render.reason(job)})" if render.reason(job) else ""
+                print(render.inert(f"job {refs[job_id]}: {job['state']}{why}"))
             if job["state"] in FINAL_STATES:
                 remaining.discard(job_id)
                 failed += job["state"] != "SUCCEEDED"
@@ -118,6 +135,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         "queue": args.queue,
         "cluster": args.cluster,
         "limit": min(args.limit, 1000),
+        "arrays": "expand" if args.array else "summary",
     }
     if not args.all_projects:
         params["user"] = api.get("me")["username"]
@@ -172,8 +190,13 @@ def _pending_starts(args: argparse.Namespace, api: Client) -> int:
     return _list(args, fetch, render.START_HEADERS, render.start_rows)
 
 
+def job_path(ref: str, *rest: str) -> str:
+    """``jobs/REF[/…]`` with the reference quoted (``74_[1-5]`` has brackets)."""
+    return "/".join(["jobs", urllib.parse.quote(ref, safe=""), *rest])
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    job = client_for(args).get(f"jobs/{args.job_id}")
+    job = client_for(args).get(job_path(args.job_id))
     if args.output == "text":
         render.job_detail(job)
     else:
@@ -182,16 +205,52 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_action(args: argparse.Namespace) -> int:
+    """An action on each reference: a job (``74``), a member (``74_3``), a whole array (its id)
+    or a range of members (``74_[1-5]``)."""
     api, failures = client_for(args), 0
-    for job_id in args.job_ids:
+    for ref in args.job_ids:
         try:
-            job = api.post(f"jobs/{job_id}/{args.verb}")
-            if args.verb == "checkpoint":
-                print(f"job {job_id}: checkpoint recorded at {render.local_time(job['checkpointedAt'])}")
+            result = api.post(job_path(ref, args.verb))
+            if "matched" in result:
+                print(render.inert(render.many_changed(result, render.DONE.get(args.verb, args.verb))))
+            elif args.verb == "checkpoint":
+                when = render.local_time(result["checkpointedAt"])
+                print(f"job {result['ref']}: checkpoint recorded at {when}")
             else:
-                print(f"job {job_id}: {job['state']}")
+                print(render.inert(f"job {result['ref']}: {result['state']}"))
         except ApiError as exc:
-            print(render.inert(f"job {job_id}: {exc}"), file=sys.stderr)
+            print(render.inert(f"job {ref}: {exc}"), file=sys.stderr)
+            failures += 1
+    return 1 if failures else 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    """``scontrol update``: change waiting jobs (``PATCH jobs/REF``)."""
+    changes: dict[str, Any] = {
+        "timeLimit": args.time_limit,
+        "priority": int(args.priority)
+        if re.fullmatch(r"[+-]?[0-9]{1,6}", args.priority or "")
+        else args.priority,
+        "name": args.name,
+        "throttle": args.throttle,
+    }
+    if args.hold is not None:
+        changes["hold"] = args.hold
+    changes = {key: value for key, value in changes.items() if value is not None}
+    if not changes:
+        raise ApiError(
+            0, "nothing to change: give --time-limit, --priority, --name, --hold/--release or --throttle"
+        )
+    api, failures = client_for(args), 0
+    for ref in args.job_ids:
+        try:
+            result = api.patch(job_path(ref), json.dumps(changes).encode())
+            if "matched" in result:
+                print(render.inert(render.many_changed(result, "updated")))
+            else:
+                print(render.inert(f"job {result['ref']}: updated ({result['state']})"))
+        except ApiError as exc:
+            print(render.inert(f"job {ref}: {exc}"), file=sys.stderr)
             failures += 1
     return 1 if failures else 0
 
@@ -199,17 +258,17 @@ def cmd_action(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     api, seen = client_for(args), 0
     while True:
-        lines = api.get(f"jobs/{args.job_id}/logs", tail=args.tail)["lines"]
+        lines = api.get(job_path(args.job_id, "logs"), tail=args.tail)["lines"]
         for line in lines[seen:] if args.follow else lines:
             print(line if args.raw else render.inert(line))
         seen = len(lines)
-        if not args.follow or api.get(f"jobs/{args.job_id}")["state"] in FINAL_STATES:
+        if not args.follow or api.get(job_path(args.job_id))["state"] in FINAL_STATES:
             return 0
         time.sleep(POLL_S)
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    events = client_for(args).get(f"jobs/{args.job_id}/events")
+    events = client_for(args).get(job_path(args.job_id, "events"))
     if args.output != "table":
         render.dump(events, args.output)
         return 0
@@ -324,6 +383,16 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 # --- parser -----------------------------------------------------------------------------------
 
+_REF = re.compile(r"[0-9]{1,19}(?:_(?:[0-9]{1,7}|\[[0-9,\-]{1,250}\]))?", re.ASCII)
+
+
+def job_ref(text: str) -> str:
+    """A job reference as the server reads it (``74``, ``74_3``, ``74_[1-5,9]``), checked here
+    so that a typo is a usage error, not a 404."""
+    if not _REF.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not a job: use e.g. 74, 74_3 or 74_[1-5,9]")
+    return text.strip()
+
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -380,10 +449,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue")
     p.add_argument("--cluster")
     p.add_argument("-n", "--limit", type=int, default=100)
+    p.add_argument(
+        "-r",
+        "--array",
+        action="store_true",
+        help="one row per array member (default: waiting members as one row)",
+    )
     output(p)
 
+    refs = "a job (74), an array member (74_3), an array (its id) or a range of members (74_[1-5,9])"
     p = add("show", cmd_show, "Show one job.", aliases=("job",))
-    p.add_argument("job_id", type=int)
+    p.add_argument("job_id", type=job_ref, metavar="JOB", help="74 or 74_3")
     output(p, ("text", "json", "yaml"))
 
     for verb, text in (
@@ -393,8 +469,18 @@ def build_parser() -> argparse.ArgumentParser:
         ("requeue", "Requeue running jobs."),
     ):
         p = add(verb, cmd_action, text)
-        p.add_argument("job_ids", type=int, nargs="+", metavar="JOB_ID")
+        p.add_argument("job_ids", type=job_ref, nargs="+", metavar="JOB", help=refs)
         p.set_defaults(verb=verb)
+
+    p = add("update", cmd_update, "Change waiting jobs, as scontrol update does.")
+    p.add_argument("job_ids", type=job_ref, nargs="+", metavar="JOB", help=refs)
+    p.add_argument("--time-limit", help="e.g. 1h, 90m, 1-00:00:00 (members may only lower it)")
+    p.add_argument("--priority", help="an integer, or low, normal, high (within the queue's limit)")
+    p.add_argument("--name")
+    p.add_argument("--throttle", type=int, help="an array's: at most N members run at once (0: no limit)")
+    held = p.add_mutually_exclusive_group()
+    held.add_argument("--hold", dest="hold", action="store_const", const=True, help="hold the job(s)")
+    held.add_argument("--release", dest="hold", action="store_const", const=False, help="release the job(s)")
 
     p = add(
         "checkpoint",
@@ -403,22 +489,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "job_ids",
-        type=int,
+        type=job_ref,
         nargs="*",
-        metavar="JOB_ID",
+        metavar="JOB",
         help="default: $ORRERY_JOB_ID, the job this runs in",
     )
     p.set_defaults(verb="checkpoint")
 
     raw = "print terminal control sequences as the job wrote them (colours, but also anything else)"
     p = add("logs", cmd_logs, "Print a job's output (terminal control sequences removed).")
-    p.add_argument("job_id", type=int)
+    p.add_argument("job_id", type=job_ref, metavar="JOB", help="74 or 74_3")
     p.add_argument("-f", "--follow", action="store_true")
     p.add_argument("--tail", type=int, default=100)
     p.add_argument("--raw", action="store_true", help=raw)
 
     p = add("events", cmd_events, "Print a job's history (terminal control sequences removed).")
-    p.add_argument("job_id", type=int)
+    p.add_argument("job_id", type=job_ref, metavar="JOB", help="74 or 74_3")
     p.add_argument("--raw", action="store_true", help=raw.replace("the job wrote", "recorded"))
     output(p)
 
@@ -443,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         own = os.environ.get("ORRERY_JOB_ID", "")
         if not (own.isascii() and own.isdigit()):
             parser.error("checkpoint: give JOB_ID (or run it inside a job, where ORRERY_JOB_ID is set)")
-        args.job_ids = [int(own)]
+        args.job_ids = [own]
     try:
         return args.func(args)
     except (ApiError, config.ConfigError, OSError) as exc:

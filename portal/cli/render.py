@@ -36,9 +36,10 @@ def inert(text: str) -> str:
 
 
 def table(
-    headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO = sys.stdout, *, raw: bool = False
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None, *, raw: bool = False
 ) -> None:
     """Aligned columns. Cells are made ``inert`` unless ``raw`` (then printed as they are)."""
+    out = out or sys.stdout  # looked up now, not at import: the caller may have redirected it
     rows = [["" if v is None else str(v) if raw else inert(str(v)) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -47,7 +48,8 @@ def table(
         out.write(line.format(*row).rstrip() + "\n")
 
 
-def dump(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
+def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     if fmt == "json":
         out.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     else:
@@ -121,11 +123,70 @@ def where(job: dict[str, Any]) -> str:
 JOB_HEADERS = ["JOBID", "NAME", "USER", "PROJECT", "QUEUE", "ST", "TIME", "GPUS", "NODELIST(REASON)"]
 
 
+def job_id(job: dict[str, Any]) -> str:
+    """squeue's JOBID: ``74``, ``74_3`` for an array member, ``74_[4-99%10]`` for a row that
+    stands for an array's waiting members."""
+    tasks = job.get("arrayTasks")
+    if tasks:
+        return str(tasks["label"])
+    return str(job.get("ref") or job["id"])
+
+
+def job_name(job: dict[str, Any]) -> str:
+    """The job's name; for a row standing for several members, the array's (no ``-INDEX``)."""
+    if job.get("arrayTasks") and job.get("arrayIndex") is not None:
+        return str(job["name"]).removesuffix(f"-{job['arrayIndex']}")
+    return str(job["name"])
+
+
+DONE = {"cancel": "cancelled", "hold": "held", "release": "released", "requeue": "requeued"}
+
+
+def many_changed(result: dict[str, Any], done: str) -> str:
+    """One line for an action on many jobs: ``74_[1-5]: 3 cancelled, 2 unchanged``."""
+    unchanged = f", {result['unchanged']} unchanged" if result["unchanged"] else ""
+    return f"{result['ref']}: {result['changed']} {done}{unchanged}"
+
+
+def submitted(jobs: list[dict[str, Any]]) -> list[str]:
+    """What a submission made: a line per job, a line per array (``74_[0-99%10]``, its count)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for job in jobs:
+        key = ("array", job["arrayId"]) if job.get("arrayId") is not None else ("job", job["id"])
+        groups.setdefault(key, []).append(job)
+    lines = []
+    for (kind, number), members in groups.items():
+        first = members[0]
+        if kind == "job":
+            why = f": {reason(first)}" if reason(first) else ""
+            lines.append(f"Submitted job {job_id(first)} ({first['name']}) — {first['state']}{why}")
+            continue
+        throttle = f"%{first['arrayThrottle']}" if first.get("arrayThrottle") else ""
+        indices = _spans(m["arrayIndex"] for m in members)
+        name = str(first["name"]).removesuffix(f"-{first['arrayIndex']}")
+        lines.append(
+            f"Submitted array {number} ({name}): {len(members)} tasks {number}_[{indices}{throttle}] — "
+            f"{first['state']}"
+        )
+    return lines
+
+
+def _spans(indices: Iterable[int]) -> str:
+    """``0-4,7`` for 0, 1, 2, 3, 4, 7."""
+    runs: list[list[int]] = []
+    for index in sorted(indices):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def job_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:
     return [
         [
-            j["id"],
-            j["name"][:24],
+            job_id(j),
+            job_name(j)[:24],
             j["owner"],
             j["project"],
             j["queue"],
@@ -158,7 +219,7 @@ def start_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:
         estimate = j.get("estimatedStart") or {}
         rows.append(
             [
-                j["id"],
+                job_id(j),
                 j["name"][:24],
                 j["stateCode"],
                 local_time(estimate.get("at")),
@@ -186,9 +247,13 @@ def _preference(models: list[str] | None) -> str | None:
     return ",".join(models) or "any"
 
 
-def job_detail(job: dict[str, Any], out: TextIO = sys.stdout) -> None:
+def job_detail(job: dict[str, Any], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     fields = [
-        ("JobId", job["id"]),
+        ("JobId", job.get("ref") or job["id"]),
+        ("ArrayJobId", job.get("arrayId")),
+        ("ArrayTaskId", job.get("arrayIndex")),
+        ("ArrayTaskThrottle", job.get("arrayThrottle")),
         ("Name", job["name"]),
         ("User", job["owner"]),
         ("Project", job["project"]),

@@ -64,6 +64,7 @@ class JobRequest:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     array_index: int | None = None  # a member of an array: its index (the array id is set at insert)
     array_throttle: int | None = None
+    array_first: bool = False  # the first member of an array: those after it, up to the next, are its
     dependency: tuple[tuple[str, str], ...] = ()  # as in JobSpec.dependency, unresolved
 
     def digest(self) -> str:
@@ -211,6 +212,8 @@ def _new_job(
         retries=request.retries,
         failover_policy=request.failover_policy,
         secret_env=sealed.get(id(request.secret_env), "") if request.secret_env else "",
+        array_index=request.array_index,
+        array_throttle=request.array_throttle,
         idempotency_key=key,
         request_digest=digest,
         state=JobState.PENDING,
@@ -359,7 +362,7 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
             who = (
                 "an operator" if reason == PendingReason.HELD_BY_OPERATOR else "failover (its node was lost)"
             )
-            raise OperatorsOnly(f"job {job.pk} was held by {who}; only an operator may release it")
+            raise OperatorsOnly(f"job {job.ref} was held by {who}; only an operator may release it")
         if reason == PendingReason.BUDGET_EXHAUSTED:  # reserve its ask now, or stay held (409)
             budgets.reserve_released(job.pk)
         return transition_job(
@@ -371,6 +374,56 @@ def release_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") 
             audit_as=AuditAction.JOB_RELEASE,
             only_from=ACTION_SOURCES["release"],
         )
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """What an action on many jobs did: the ids it moved, and how many it left as they were
+    (their state did not allow it, or an operator's hold a user may not release)."""
+
+    moved: list[int]
+    unchanged: int
+
+
+_DONE = {"cancel": "cancelled", "hold": "held", "release": "released", "requeue": "requeued"}
+# Where each action takes a job, and the pending reason it leaves (hold: by whom).
+_ACTION_TARGETS = {
+    "cancel": (JobState.CANCELLED, PendingReason.NONE, AuditAction.JOB_CANCEL),
+    "hold": (JobState.HELD, PendingReason.HELD, AuditAction.JOB_HOLD),
+    "release": (JobState.PENDING, PendingReason.NONE, AuditAction.JOB_RELEASE),
+    "requeue": (JobState.PENDING, PendingReason.REQUEUED, AuditAction.JOB_REQUEUE),
+}
+
+
+def act_on_jobs(verb: str, job_ids: Sequence[int], *, actor: AbstractBaseUser, target: str) -> ActionOutcome:
+    """Cancel, hold, release or requeue many jobs at once — the members of an array, or a range
+    of them (``scancel 74``, ``scancel 74_[1-5]``) — in one transaction, set-based: one move per
+    source state (``transition_jobs``: the same table, compare-and-set and events as one job's
+    move). Jobs whose state the action does not apply to are left alone and counted; so are
+    operators' holds when a user who is not an operator releases. One audit entry names
+    ``target`` (``array:74``, ``jobs:74_[1-5]``). Permission is the caller's."""
+    to, reason, audit_as = _ACTION_TARGETS[verb]
+    if verb == "hold" and actor.is_staff:
+        reason = PendingReason.HELD_BY_OPERATOR
+    ids = list(job_ids)
+    with transaction.atomic():
+        if verb == "release" and not actor.is_staff:
+            ids = list(
+                Job.objects.filter(pk__in=ids).exclude(reason__in=OPERATOR_HOLDS).values_list("pk", flat=True)
+            )
+        moved: list[int] = []
+        for state in sorted(ACTION_SOURCES[verb] & allowed_sources(to)):
+            moved += transition_jobs(
+                ids,
+                to,
+                only_from=state,
+                actor=actor,
+                reason=reason,
+                message=_by(actor, _DONE[verb]),
+            )
+        if moved:
+            audit.record(audit_as, actor=actor, target=target[:255], details=audit.capped(sorted(moved)))
+    return ActionOutcome(moved=sorted(moved), unchanged=len(job_ids) - len(moved))
 
 
 def requeue_job(job: Job, *, actor: AbstractBaseUser | None, message: str = "") -> Job:
@@ -397,7 +450,7 @@ def checkpoint_job(job: Job, *, actor: AbstractBaseUser | None) -> Job:
     now = timezone.now()
     if not Job.objects.filter(pk=job.pk, state__in=ACTIVE_STATES).update(checkpointed_at=now):
         state = Job.objects.values_list("state", flat=True).get(pk=job.pk)
-        raise NotActive(f"job {job.pk} is {state}: only a placed or running job can record a checkpoint")
+        raise NotActive(f"job {job.ref} is {state}: only a placed or running job can record a checkpoint")
     job.checkpointed_at = now
     return job
 

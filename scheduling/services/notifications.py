@@ -38,7 +38,13 @@ from django.utils import timezone
 
 from foundation import sealing
 from foundation.secrets import new_secret
-from scheduling.choices import EventKind, JobState, NotificationChannel, NotificationEvent
+from scheduling.choices import (
+    SUBSCRIBABLE_EVENTS,
+    EventKind,
+    JobState,
+    NotificationChannel,
+    NotificationEvent,
+)
 from scheduling.models import Job, JobEvent, Notification, NotificationSetting
 from scheduling.services.webhook_urls import UnsafeWebhook, check_webhook_url
 
@@ -53,7 +59,7 @@ EVENTS_FOR: dict[str, tuple[str, ...]] = {
     JobState.TIMEOUT: (E.TIMEOUT, E.ENDED),
     JobState.PREEMPTED: (E.PREEMPTED,),
 }
-TEST_EVENT = "test"  # "send a test": a message with a sample job, on every channel set up
+TEST_EVENT = NotificationEvent.TEST  # "send a test": a message with a sample job, on every channel set up
 SECRET_PREFIX = "whsec_"
 DELIVER_TASK = "scheduling.tasks.deliver_notifications_task"
 
@@ -216,8 +222,11 @@ def save_settings(
     one, makes a new secret, returned this once. Clearing the URL drops the secret. Raises
     ``SettingsRefused`` and saves nothing when a rule refuses."""
     chosen = set(events)
-    if unknown := sorted(chosen - set(NotificationEvent.values)):
-        raise SettingsRefused("events", f"unknown event '{unknown[0][:40]}'; use {', '.join(E.values)}")
+    if unknown := sorted(chosen - {value for value, _ in SUBSCRIBABLE_EVENTS}):
+        raise SettingsRefused(
+            "events",
+            f"unknown event '{unknown[0][:40]}'; use {', '.join(value for value, _ in SUBSCRIBABLE_EVENTS)}",
+        )
     if email and not getattr(user, "email", ""):
         raise SettingsRefused("email", "your account has no email address; ask an operator to add one")
     webhook_url = webhook_url.strip()
@@ -235,7 +244,7 @@ def save_settings(
     elif not webhook_url:
         setting.webhook_secret = ""
     setting.email, setting.webhook_url = email, webhook_url
-    setting.events = [e for e in NotificationEvent.values if e in chosen]
+    setting.events = [value for value, _ in SUBSCRIBABLE_EVENTS if value in chosen]
     setting.save()
     return SavedSettings(setting, secret)
 

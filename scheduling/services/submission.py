@@ -93,14 +93,40 @@ def build_requests(
     normalised["timeLimitSeconds"] = time_limit_s
     if spec.array is None:
         return [JobRequest(name=spec.name, labels=spec.labels, spec=normalised, **base)]
+    return array_requests(spec, normalised, base)
+
+
+def array_requests(spec: JobSpec, normalised: dict[str, Any], base: dict[str, Any]) -> list[JobRequest]:
+    """The members of an array, in index order: each named ``NAME-INDEX``, labelled with the
+    array's name and its index, with Slurm's array variables in its environment
+    (``ORRERY_ARRAY_INDEX``, ``_TASK_COUNT``, ``_TASK_MIN``, ``_TASK_MAX``; the array's id,
+    ``ORRERY_ARRAY_ID``, is known once the first member has one: ``arrays.number``). The first
+    member starts the array: the members after it, up to the next start, are its own."""
+    indices = spec.array or []
+    shared = {
+        "ORRERY_ARRAY_TASK_COUNT": str(len(indices)),
+        "ORRERY_ARRAY_TASK_MIN": str(indices[0]),
+        "ORRERY_ARRAY_TASK_MAX": str(indices[-1]),
+    }
     requests = []
-    for index in spec.array:
+    for index in indices:
         task = normalised | {
-            "env": normalised["env"] | {"ORRERY_ARRAY_INDEX": str(index)},
+            "env": normalised["env"] | shared | {"ORRERY_ARRAY_INDEX": str(index)},
             "arrayIndex": index,
+            "arrayThrottle": spec.array_throttle,
         }
         labels = spec.labels | {"orrery.io/array": spec.name, "orrery.io/array-index": str(index)}
-        requests.append(JobRequest(name=f"{spec.name}-{index}", labels=labels, spec=task, **base))
+        requests.append(
+            JobRequest(
+                name=f"{spec.name}-{index}",
+                labels=labels,
+                spec=task,
+                array_index=index,
+                array_throttle=spec.array_throttle,
+                array_first=not requests,
+                **base,
+            )
+        )
     return requests
 
 

@@ -70,7 +70,7 @@ def test_logs_are_empty_for_now(api, alice, queue, query):
     job = make_job(alice, queue)
     response = api(alice).get(f"{JOBS}/{job.pk}/logs{query}")
     assert response.status_code == 200
-    assert response.json() == {"jobId": job.pk, "lines": [], "truncated": False}
+    assert response.json() == {"jobId": job.pk, "ref": str(job.pk), "lines": [], "truncated": False}
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from schemathesis.core import NotSet
 
 from portal.choices import Scope
 from portal.services.tokens import issue_token
+from scheduling.models import Job
 from tests.factories import make_job
 
 MAX_EXAMPLES = 20
@@ -122,10 +123,12 @@ def world(alice, operator, vision, queue, fleet, bob_job, monkeypatch):
     _, operators = issue_token(operator, name="schemathesis", scopes=tuple(Scope.values))
     spare, _ = issue_token(alice, name="spare")
     job = make_job(alice, queue)
+    member = make_job(alice, queue, name="sweep-0", array_index=0, array_throttle=2)
+    Job.objects.filter(pk=member.pk).update(array_id=member.pk)  # an array of one: arrays/{id}
     return {
         "headers": {"Authorization": f"Bearer {plaintext}"},
         "operator_headers": {"Authorization": f"Bearer {operators}"},
-        "path_parameters": {"id": job.pk, "name": fleet.cluster.name},
+        "path_parameters": {"id": member.pk, "ref": str(job.pk), "name": fleet.cluster.name},
         "spare_token": spare.pk,
         "other_job": bob_job.pk,
     }
@@ -201,7 +204,7 @@ def strategies_for(operation: Any, path: str, mode: Any, world: dict[str, Any]) 
     if fixed:
         strategies.append(operation.as_strategy(generation_mode=mode, path_parameters=fixed))
         if path.startswith("/api/v1/jobs/"):
-            other = {"id": world["other_job"]}
+            other = {"ref": str(world["other_job"])}
             strategies.append(operation.as_strategy(generation_mode=mode, path_parameters=other))
     return strategies
 
