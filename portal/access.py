@@ -5,7 +5,7 @@ so its existence does not leak."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from portal.choices import Role
@@ -93,3 +93,15 @@ def submission_queue(user: AbstractBaseUser, project: str | None, queue: str, *,
     if chosen is None:
         raise SpecError([(f"{p}spec.queue", f"project '{found.name}' has no queue '{queue}'")])
     return chosen
+
+
+def usage_scope(user: AbstractBaseUser, *, per_user: bool) -> Q:
+    """The usage roll-up rows (``UsageDay``) ``user`` may read. Operators read everything. A
+    project's totals are its members'; figures per user (a report grouped or filtered by user)
+    are for the project's managers, and everyone reads their own."""
+    if user.is_staff:
+        return Q()
+    if per_user:
+        managed = Membership.objects.filter(user=user, role=Role.MANAGER).values("project_id")
+        return Q(project_id__in=managed) | Q(owner_id=user.pk)
+    return Q(project_id__in=Membership.objects.filter(user=user).values("project_id"))

@@ -148,10 +148,11 @@ class UsageQuery:
     filters: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
-def usage_report(scope: Q, query: UsageQuery) -> list[dict[str, Any]]:
+def usage_report(scope: Q, query: UsageQuery, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Jobs, GPU-seconds and run seconds of the ``UsageDay`` rows in ``scope``, one row per
     group of ``query.by``, sorted by those keys: each has its keys (dates as ISO strings),
-    ``jobs``, ``gpuSeconds``, ``gpuHours`` and ``elapsedSeconds``. One grouped query."""
+    ``jobs``, ``gpuSeconds``, ``gpuHours`` and ``elapsedSeconds``; at most ``limit`` groups.
+    One grouped query."""
     rows = UsageDay.objects.filter(scope, day__gte=query.since, day__lt=query.until)
     for key, values in query.filters:
         rows = rows.filter(**{USAGE_FILTERS[key]: list(values)})
@@ -164,6 +165,8 @@ def usage_report(scope: Q, query: UsageQuery) -> list[dict[str, Any]]:
         .annotate(jobs_=Sum("jobs"), gpu_s=Sum("gpu_seconds"), run_s=Sum("elapsed_seconds"))
         .order_by(*(f"k_{k}" for k in keys))
     )
+    if limit is not None:
+        grouped = grouped[:limit]
     return [
         {
             **{k: _plain(row[f"k_{k}"]) for k in keys},

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal.api import views
+from portal.api import accounting, views
 
 app_name = "api"
 urlpatterns = [
@@ -29,4 +29,7 @@ urlpatterns = [
     path("me", views.MeView.as_view(), name="me"),
     path("tokens", views.TokenListView.as_view(), name="tokens"),
     path("tokens/<int:pk>", views.TokenDetailView.as_view(), name="token"),
+    # accounting
+    path("accounting/jobs", accounting.HistoryView.as_view(), name="accounting-jobs"),
+    path("accounting/usage", accounting.UsageView.as_view(), name="accounting-usage"),
 ]
