@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal import pages, scrape
+from portal import pages, scrape, usage
 
 urlpatterns = [
     path("", pages.dashboard, name="dashboard"),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("fleet/nodes.json", pages.fleet_data, name="fleet-data"),
     path("fleet/series.json", pages.fleet_series, name="fleet-series"),
     path("queues/", pages.queues, name="queues"),
+    path("usage/", usage.usage_page, name="usage"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
