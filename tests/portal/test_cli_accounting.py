@@ -87,7 +87,7 @@ def test_history_reads_back_what_the_cli_did_with_filters_columns_and_csv(cli):
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["ID", "NAME", "USER", "PROJECT", "STATE", "ENDED", "ELAPSED", "GPUS",
                                 "GPUHOURS", "EXITCODE", "CLUSTER"]  # fmt: skip
-    assert [line.split()[1] for line in lines[1:]] == ["cli-sweep", "broken", "train"]  # newest first, then by id
+    assert [line.split()[1] for line in lines[1:]] == ["cli-sweep", "broken", "train"]  # newest, ties by id
     train = next(line.split() for line in lines if " train " in line)
     assert train[6:9] == ["1:00:00", "2", "2.0"]
 
