@@ -28,7 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.access import usage_scope, visible_jobs
+from portal.access import accounting_jobs, usage_scope
 from portal.api.errors import InputError
 from portal.api.schema import ERROR_SCHEMA
 from portal.api.throttles import ReadThrottle
@@ -151,7 +151,7 @@ class HistoryView(AccountingView):
     )
     def get(self, request: Request) -> Response:
         query = parse_history(request.query_params, request.user.get_username())
-        raw = job_history(visible_jobs(request.user), query)
+        raw = job_history(accounting_jobs(request.user), query)
         more = len(raw) > query.limit
         raw = raw[: query.limit]
         data: dict[str, Any] = {"next": None, "results": [history_row(r) for r in raw]}

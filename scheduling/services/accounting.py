@@ -11,7 +11,10 @@ across midnight is counted whole on its last day. Reports over whole days are ex
 only a per-day chart shows a long job's hours on the day it ended. Its key is
 ``(day, project, queue, owner, gpu model, cluster, end state)``.
 
-``record_ends`` is set-based (three statements for any number of jobs) because
+The same rows are summed by month into ``UsageMonth`` (the key with the month's first day), so
+that reports over whole months read a thirtieth of the rows.
+
+``record_ends`` is set-based (four statements for any number of jobs) because
 ``transition_jobs`` may end thousands of jobs at once, and its roll-up is an upsert that adds
 (``INSERT … ON CONFLICT DO UPDATE SET x = x + excluded.x``), so two transactions ending jobs of
 the same key both count. It is not idempotent: it must run once per job, which holds because a
@@ -28,7 +31,7 @@ from typing import Any
 from django.db import connection
 
 from scheduling.choices import TERMINAL_STATES
-from scheduling.models import Job, JobAttempt, UsageDay
+from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth
 
 BATCH = 500  # rows per statement: well under every backend's limit on parameters
 
@@ -69,7 +72,7 @@ def record_ends(job_ids: list[int], now: datetime) -> None:
         measures[0] += 1
         measures[1] += c.gpu_seconds
         measures[2] += c.run_seconds
-    add_usage(sorted((*key, *measures) for key, measures in totals.items()))
+    add_usage([(*key, *measures) for key, measures in totals.items()])
 
 
 def charge(gpus: dict[int, int], now: datetime) -> dict[int, Charge]:
@@ -93,32 +96,54 @@ def charge(gpus: dict[int, int], now: datetime) -> dict[int, Charge]:
 
 
 def _write_charges(charges: list[Charge]) -> None:
-    """One UPDATE per batch, each row given its own values (Django's CASE form)."""
-    rows = [Job(pk=c.job_id, gpu_seconds=c.gpu_seconds, ran_on=c.ran_on) for c in charges]
-    Job.objects.bulk_update(rows, ["gpu_seconds", "ran_on"], batch_size=BATCH)
-
-
-_KEY = ("day", "project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
-_MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
-
-
-def add_usage(rows: list[tuple[date, int, int, int, str, str, str, int, int, int]]) -> None:
-    """Add ``rows`` (the key, then jobs, GPU-seconds and run seconds) to ``UsageDay``: a new key
-    is inserted, an existing one has the measures added. Django's ``bulk_create`` can only
-    overwrite on conflict, hence the SQL; PostgreSQL and SQLite (3.24 and later) both speak it.
-
-    Each key must appear once in ``rows``. Callers pass them sorted, so that two transactions
-    adding to overlapping keys lock them in the same order and cannot deadlock."""
+    """One ``UPDATE … FROM`` a list of values per batch (Django's ``bulk_update`` writes a
+    ``CASE`` per row, which grows with the square of the batch)."""
     q = connection.ops.quote_name
-    table = q(UsageDay._meta.db_table)
-    columns = ", ".join(q(c) for c in _KEY + _MEASURES)
+    table = q(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        for start in range(0, len(charges), BATCH):
+            batch = charges[start : start + BATCH]
+            cursor.execute(
+                f"WITH v(id, gpu_seconds, ran_on) AS (VALUES {', '.join(['(%s, %s, %s)'] * len(batch))}) "
+                f"UPDATE {table} SET {q('gpu_seconds')} = v.gpu_seconds, {q('ran_on')} = v.ran_on "
+                f"FROM v WHERE {table}.{q('id')} = v.id",
+                [value for c in batch for value in (c.job_id, c.gpu_seconds, c.ran_on)],
+            )
+
+
+_KEY = ("project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
+_MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
+UsageRow = tuple[date, int, int, int, str, str, str, int, int, int]
+
+
+def add_usage(rows: list[UsageRow]) -> None:
+    """Add ``rows`` (the key, day first, then jobs, GPU-seconds and run seconds) to
+    ``UsageDay`` and, summed by month, to ``UsageMonth``: a new key is inserted, an existing one
+    has the measures added. Each key must appear once in ``rows``.
+
+    Django's ``bulk_create`` can only overwrite on conflict, hence the SQL; PostgreSQL and SQLite
+    (3.24 and later) both speak it. Rows go in sorted by key, so that two transactions adding to
+    overlapping keys lock them in the same order and cannot deadlock."""
+    months: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for day, *rest in rows:
+        measures = months[(day.replace(day=1), *rest[:6])]
+        for i, value in enumerate(rest[6:]):
+            measures[i] += value
+    _upsert(UsageDay, "day", sorted(rows))
+    _upsert(UsageMonth, "month", sorted((*key, *measures) for key, measures in months.items()))
+
+
+def _upsert(model: type[UsageDay] | type[UsageMonth], period: str, rows: list[Any]) -> None:
+    q = connection.ops.quote_name
+    table = q(model._meta.db_table)
+    key = ", ".join(q(c) for c in (period, *_KEY))
     updates = ", ".join(f"{q(m)} = {table}.{q(m)} + excluded.{q(m)}" for m in _MEASURES)
-    one = "(" + ", ".join(["%s"] * (len(_KEY) + len(_MEASURES))) + ")"
+    one = "(" + ", ".join(["%s"] * (1 + len(_KEY) + len(_MEASURES))) + ")"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), BATCH):
             batch = rows[start : start + BATCH]
             cursor.execute(
-                f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(batch))} "
-                f"ON CONFLICT ({', '.join(q(c) for c in _KEY)}) DO UPDATE SET {updates}",
+                f"INSERT INTO {table} ({key}, {', '.join(q(m) for m in _MEASURES)}) "
+                f"VALUES {', '.join([one] * len(batch))} ON CONFLICT ({key}) DO UPDATE SET {updates}",
                 [value for row in batch for value in row],
             )
