@@ -147,3 +147,22 @@ def can_act_on_jobs(user: AbstractBaseUser, jobs: QuerySet[Job]) -> bool:
         return True
     managed = Membership.objects.filter(user=user, project_id__in=foreign, role=Role.MANAGER).count()
     return managed == len(foreign)
+def usage_scope(user: AbstractBaseUser, *, per_user: bool) -> Q:
+    """The usage roll-up rows (``UsageDay``) ``user`` may read. Operators read everything. A
+    project's totals are its members'; figures per user (a report grouped or filtered by user)
+    are for the project's managers, and everyone reads their own."""
+    if user.is_staff:
+        return Q()
+    if per_user:
+        managed = Membership.objects.filter(user=user, role=Role.MANAGER).values("project_id")
+        return Q(project_id__in=managed) | Q(owner_id=user.pk)
+    return Q(project_id__in=Membership.objects.filter(user=user).values("project_id"))
+
+
+def accounting_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
+    """The jobs ``user`` may see (``visible_jobs``' rule), for the history: the project ids are
+    read first, so the planner of the history query sees them as values and can use the
+    projects' indexes on ``finished_at``, where a join would hide them."""
+    if user.is_staff:
+        return Job.objects.all()
+    return Job.objects.filter(project_id__in=list(visible_projects(user).values_list("pk", flat=True)))

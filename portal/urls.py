@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal import notifications, pages, scrape
+from portal import notifications, pages, scrape, usage
 from portal.budgets import budget_list
 
 urlpatterns = [
@@ -20,6 +20,7 @@ urlpatterns = [
     path("queues/", pages.queues, name="queues"),
     path("settings/notifications/", notifications.notification_settings, name="notification-settings"),
     path("budgets/", budget_list, name="budgets"),
+    path("usage/", usage.usage_page, name="usage"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

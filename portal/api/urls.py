@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from portal.api import notifications, views
+from portal.api import accounting, notifications, views
 from portal.api.budgets import BudgetListView
 from scheduling.refs import PATTERN, JobRef, parse_ref
 
@@ -56,4 +56,7 @@ urlpatterns = [
     ),
     path("me/notifications/test", notifications.NotificationTestView.as_view(), name="notifications-test"),
     path("budgets", BudgetListView.as_view(), name="budgets"),
+    # accounting
+    path("accounting/jobs", accounting.HistoryView.as_view(), name="accounting-jobs"),
+    path("accounting/usage", accounting.UsageView.as_view(), name="accounting-usage"),
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from portal.cli import config, render
+from portal.cli import accounting, config, render
 from portal.cli.client import ApiError, Client
 
 POLL_S = 2.0
@@ -519,6 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     output(add("queues", cmd_queues, "List queues with quota and use."))
     output(add("tokens", cmd_tokens, "List your API tokens with their scopes, expiry and last use."))
+
+    # accounting
+    accounting.add_history_arguments(add("history", accounting.cmd_history, "Finished jobs (like sacct)."))
+    accounting.add_usage_arguments(
+        add("usage", accounting.cmd_usage, "GPU-hours over a period (like sreport).")
+    )
     return parser
 
 

@@ -101,7 +101,8 @@ def test_an_array_from_submit_to_cancel(cli, tmp_path):
     ranged = cli("cancel", f"{array}_[1-2]")
     assert ranged.returncode == 0, ranged.stderr
     assert ranged.stdout.strip() == f"{array}_[1-2]: 2 cancelled"
-    assert sorted(first_column(cli("jobs").stdout)) == sorted(
+    assert first_column(cli("jobs").stdout) == [f"{array}_[0,3-5%2]"]  # squeue: ended ones are gone
+    assert sorted(first_column(cli("jobs", "--all").stdout)) == sorted(
         [f"{array}_[0,3-5%2]", f"{array}_1", f"{array}_2"]
     )
 

@@ -1,0 +1,69 @@
+"""Usage reports read whole months from ``UsageMonth`` and the days around them from
+``UsageDay``: whatever the period, the figures are those of the days it covers."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from django.db.models import Q
+
+from scheduling.accounting_selectors import UsageQuery, usage_querysets, usage_report
+from scheduling.choices import AttemptState, JobState
+from scheduling.models import JobAttempt, UsageMonth
+from scheduling.services.accounting import record_ends
+from tests.factories import make_cluster, make_job
+
+ENDS = [date(2026, 8, 31), date(2026, 9, 1), date(2026, 9, 15), date(2026, 10, 10), date(2026, 11, 30),
+        date(2026, 12, 1)]  # fmt: skip
+
+
+@pytest.fixture
+def ended(alice, queue):
+    """One job ending at noon on each day of ENDS, using 1, 2, 4 … GPU-hours."""
+    cluster = make_cluster("sim-a")
+    for i, day in enumerate(ENDS):
+        end = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+        job = make_job(alice, queue, gpus=2**i, state=JobState.SUCCEEDED, finished_at=end)
+        JobAttempt.objects.create(
+            job=job, number=1, cluster=cluster, state=AttemptState.SUCCEEDED, active=False,
+            started_at=end - timedelta(hours=1), finished_at=end,
+        )  # fmt: skip
+        record_ends([job.pk], end)
+
+
+def hours(days: list[date]) -> float:
+    return float(sum(2**i for i, d in enumerate(ENDS) if d in days))
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "parts"),
+    [
+        (date(2026, 9, 1), date(2026, 12, 1), 1),
+        (date(2026, 8, 31), date(2026, 12, 2), 3),
+        (date(2026, 9, 2), date(2026, 12, 1), 2),
+        (date(2026, 9, 2), date(2026, 11, 30), 3),
+        (date(2026, 9, 2), date(2026, 9, 30), 1),
+        (date(2026, 8, 1), date(2027, 1, 1), 1),
+    ],
+    ids=["whole-months", "days-either-side", "days-before", "days-both-ends", "inside-one-month", "all"],
+)
+def test_a_report_over_any_period_counts_the_days_it_covers(ended, since, until, parts):
+    query = UsageQuery(since=since, until=until, by=("project",))
+    assert len(usage_querysets(Q(), query)) == parts
+    covered = [d for d in ENDS if since <= d < until]
+    (row,) = usage_report(Q(), query) or [{"gpuHours": 0.0, "jobs": 0}]
+    assert (row["gpuHours"], row["jobs"]) == (hours(covered), len(covered))
+    by_day = usage_report(Q(), UsageQuery(since=since, until=until, by=("day",)))
+    assert [r["day"] for r in by_day] == [d.isoformat() for d in covered]
+
+
+def test_months_are_the_sums_of_their_days_and_group_as_months(ended):
+    assert sorted(UsageMonth.objects.values_list("month", "jobs")) == [
+        (date(2026, 8, 1), 1), (date(2026, 9, 1), 2), (date(2026, 10, 1), 1), (date(2026, 11, 1), 1),
+        (date(2026, 12, 1), 1),
+    ]  # fmt: skip
+    query = UsageQuery(since=date(2026, 8, 31), until=date(2026, 12, 2), by=("month",))
+    assert [(r["month"], r["jobs"]) for r in usage_report(Q(), query)] == [
+        ("2026-08-01", 1), ("2026-09-01", 2), ("2026-10-01", 1), ("2026-11-01", 1), ("2026-12-01", 1),
+    ]  # fmt: skip
