@@ -147,6 +147,8 @@ def can_act_on_jobs(user: AbstractBaseUser, jobs: QuerySet[Job]) -> bool:
         return True
     managed = Membership.objects.filter(user=user, project_id__in=foreign, role=Role.MANAGER).count()
     return managed == len(foreign)
+
+
 def usage_scope(user: AbstractBaseUser, *, per_user: bool) -> Q:
     """The usage roll-up rows (``UsageDay``) ``user`` may read. Operators read everything. A
     project's totals are its members'; figures per user (a report grouped or filtered by user)
