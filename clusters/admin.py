@@ -443,20 +443,12 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
     ]
+    # everything shown except what operators edit (where the node sits and its labels)
     readonly_fields = [
-        "state",
-        "state_reason",
-        "state_changed_at",
-        "gpus_shown",
-        "cpus_shown",
-        "memory_shown",
-        "last_heartbeat_at",
-        "heartbeats",
-        "agent_version",
-        "boot_id",
-        "cpu_load_shown",
-        "memory_used_shown",
-        "power_shown",
+        name
+        for _, options in fieldsets
+        for name in options["fields"]
+        if name not in ("cluster", "name", "power_state", "labels", "rack", "switch", "nvlink_domain")
     ]
     inlines = [GpuDeviceInline, NodeEventInline]
     actions = [

@@ -11,6 +11,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from foundation.units import clock_text
+
 TERMINAL_CODES = {"CD", "F", "TO", "CA", "PR"}
 
 # Terminal control sequences, 7-bit (ESC …) and 8-bit (C1) forms: strings (OSC, DCS, SOS, PM, APC)
@@ -57,18 +59,8 @@ def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
 
 
 def duration(seconds: float | None) -> str:
-    """Slurm's ``[D-]HH:MM:SS`` (``M:SS`` under an hour)."""
-    if seconds is None:
-        return ""
-    seconds = int(max(seconds, 0))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
+    """Slurm's ``[D-]HH:MM:SS`` (``M:SS`` under an hour); "" for none."""
+    return "" if seconds is None else clock_text(seconds)
 
 
 def _time(value: str | None) -> datetime | None:

@@ -58,7 +58,9 @@ def preempt(job, django_capture_on_commit_callbacks) -> JobAttempt:
 def assert_requeued(job, attempt: JobAttempt, words: str = "") -> Job:
     fresh = Job.objects.get(pk=job.pk)
     assert (fresh.state, fresh.reason) == (JobState.PENDING, PendingReason.PREEMPTED)
-    assert fresh.reason_message.startswith(f"{WHO}; requeued (") and words in fresh.reason_message
+    said = fresh.reason_message
+    assert said.startswith(f"{WHO}; requeued") and words in said
+    assert not said.endswith("()")  # the cluster's own words in brackets, when it said any
     attempt.refresh_from_db()
     assert (attempt.state, attempt.active) == (AttemptState.PREEMPTED, False)
     assert not Allocation.objects.filter(job=job, active=True).exists()
