@@ -229,7 +229,7 @@ def test_jobs_submitted_through_the_api_run_where_orrery_chose(hpc, api, alice, 
     assert squeue(remote) in ("", "CANCELLED", "COMPLETING")
 
     timed_out = wait(lambda: state(late, "TIMEOUT"), "the time limit", timeout=30)
-    assert "time limit of 4 s" in Job.objects.get(pk=late).events.order_by("-id").first().message
+    assert "time limit of 4s" in Job.objects.get(pk=late).events.order_by("-id").first().message
     assert squeue(JobAttempt.objects.get(job_id=late).remote_id) in ("", "CANCELLED", "COMPLETING")
     assert timed_out["exitCode"] is None
 

@@ -313,7 +313,7 @@ def test_schema_and_docs_are_served(client, db):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json")
     assert schema.status_code == 200
     paths = schema.json()["paths"]
-    assert {"/api/v1/jobs", "/api/v1/jobs/batch", "/api/v1/jobs/{id}/cancel", "/api/v1/tokens/{id}"} <= set(
+    assert {"/api/v1/jobs", "/api/v1/jobs/batch", "/api/v1/jobs/{ref}/cancel", "/api/v1/tokens/{id}"} <= set(
         paths
     )
     assert "bearerAuth" in schema.json()["components"]["securitySchemes"]
