@@ -7,8 +7,9 @@ A throwaway PostgreSQL database gets 1,000 users in 50 projects (two queues each
 ten is also in a second project), four clusters with one GPU model each, and ``--jobs``
 finished jobs spread over the last ``--days`` days (default 90, a quarter), written by one
 ``INSERT … SELECT FROM generate_series`` each user running mostly on a home cluster, nine jobs
-in ten succeeding. Their daily roll-up (``UsageDay``) is written by the upsert the service uses
-(``scheduling.services.accounting.add_usage``), from one grouped read of the jobs. Then
+in ten succeeding. Their roll-ups (``UsageDay``, ``UsageMonth``, ``UsageProjectDay``) are
+written by the upsert the service uses (``scheduling.services.accounting.add_usage``), from one
+grouped read of the jobs. Then
 ``record_ends`` itself charges ``--end-batch`` jobs ending at once (with an attempt each), and
 is timed.
 
@@ -21,8 +22,8 @@ authentication, permissions, throttles, parsing, the selector, JSON or CSV rende
   into the table); one project for an operator; a 1,000-row CSV page;
 * usage — over the last three whole months (a quarter: ``UsageMonth``): by project, by project
   and user, by GPU model and month (operator), by user for a project's manager, a member's
-  project totals; and over days (``UsageDay``): the default last 30 days by project and by day
-  and project (the portal's chart), and a rolling 90 days by project.
+  project totals; and over days (no user involved: ``UsageProjectDay``): the default last 30
+  days by project and by day and project (the portal's chart), and a rolling 90 days by project.
 
 Reported per shape: p50 and p99 in ms, and the yardstick of the same run: the SQL the selector
 sends, executed bare through a cursor (``sql_p50_ms``), and the ratio of the request's p50 to
@@ -82,6 +83,7 @@ def main() -> None:
             "users": USERS,
             "projects": PROJECTS,
             "usage_rows": usage_rows,
+            "usage_project_day_rows": project_day_rows(),
             "seed_s": round(seed_s, 1),
             "roll_up_s": round(roll_up_s, 1),
             f"record_ends_{args.end_batch}_ms": end_ms,
@@ -208,7 +210,8 @@ def seed_jobs(world: dict[str, Any], jobs: int, days: int) -> None:
 
 
 def roll_up() -> int:
-    """The jobs' ``UsageDay`` rows, through the service's own upsert."""
+    """The jobs' roll-up rows, through the service's own upsert; the number of ``UsageDay``
+    rows."""
     from django.db import connection
 
     from scheduling.services.accounting import add_usage
@@ -224,6 +227,12 @@ def roll_up() -> int:
         rows = cursor.fetchall()
     add_usage(rows)
     return len(rows)
+
+
+def project_day_rows() -> int:
+    from scheduling.models import UsageProjectDay
+
+    return UsageProjectDay.objects.count()
 
 
 def time_record_ends(world: dict[str, Any], batch: int) -> float:

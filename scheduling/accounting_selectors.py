@@ -4,7 +4,9 @@
 The history reads ``Job`` through the partial indexes on ``finished_at``
 (``job_finished_idx``, ``job_owner_finished_idx``, ``job_project_finished_idx``), newest first,
 paged by keyset on ``(finished_at, id)`` so a deep page costs what the first one does. Usage
-reads the daily roll-up ``UsageDay`` (``scheduling.services.accounting``), never the jobs.
+reads the roll-ups (``scheduling.services.accounting``), never the jobs: whole months from
+``UsageMonth``, days from ``UsageDay``, or from ``UsageProjectDay`` when the report needs no
+user (neither its groups, its filters nor the caller's scope name one).
 Both take the rows the caller may see as a queryset (or a ``Q``): who sees what is the portal's
 rule, not this module's.
 """
@@ -19,7 +21,7 @@ from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth, TruncWeek
 
 from clusters.models import GpuModel
-from scheduling.models import Job, UsageDay, UsageMonth
+from scheduling.models import Job, UsageDay, UsageMonth, UsageProjectDay
 
 # The columns of a history row, in sacct's spirit; every value is plain JSON.
 HISTORY_COLUMNS = (
@@ -139,7 +141,7 @@ USAGE_FILTERS: dict[str, str] = {
 
 
 def _expression(key: str, period: str) -> Any:
-    """What a group key reads in ``UsageDay`` (``period`` "day") or ``UsageMonth`` ("month")."""
+    """What a group key reads in a daily roll-up (``period`` "day") or ``UsageMonth`` ("month")."""
     if key == "week":
         return TruncWeek(period)
     if key == "month":
@@ -219,10 +221,15 @@ def usage_keys(query: UsageQuery) -> list[str]:
 
 def usage_querysets(scope: Q, query: UsageQuery) -> list[QuerySet[Any]]:
     """The grouped queries of a report: whole months from ``UsageMonth`` and the days around
-    them from ``UsageDay`` — or only days, when the report is grouped by day or week."""
+    them from the daily rows — or only days, when the report is grouped by day or week. The
+    daily rows are ``UsageProjectDay``'s (a twentieth of ``UsageDay``'s where a project has
+    twenty users) unless the report or ``scope`` needs the user."""
     keys = usage_keys(query)
+    per_user = "user" in keys or any(key == "user" for key, _ in query.filters) or _names_owner(scope)
     out = []
     for model, period, since, until in _parts(query):
+        if model is UsageDay and not per_user:
+            model = UsageProjectDay
         rows = model.objects.filter(scope, **{f"{period}__gte": since, f"{period}__lt": until})
         for key, values in query.filters:
             wanted = ids_of(key, values) if key in _NAMED else list(values)
@@ -249,6 +256,18 @@ def _parts(query: UsageQuery) -> list[tuple[Any, str, date, date]]:
                 parts.append((UsageDay, "day", last, query.until))
             return parts
     return [(UsageDay, "day", query.since, query.until)]
+
+
+def _names_owner(scope: Q) -> bool:
+    """Whether a condition of ``scope`` may read the owner (``UsageProjectDay`` has none): a
+    lookup on it, or any condition that is not a plain lookup."""
+    for child in scope.children:
+        if isinstance(child, Q):
+            if _names_owner(child):
+                return True
+        elif not isinstance(child, tuple) or child[0].split("__")[0] in ("owner", "owner_id"):
+            return True
+    return False
 
 
 def _next_month(day: date) -> date:

@@ -544,6 +544,35 @@ class UsageDay(models.Model):
         return f"{self.day} {self.project_id}/{self.queue_id} {self.gpu_seconds} GPU-s"
 
 
+class UsageProjectDay(models.Model):
+    """``UsageDay`` without the owner: finished jobs per day and per project, queue, GPU model,
+    cluster and end state, added to by the same upsert in the same transaction. Fleet-wide and
+    per-project reports over days (neither grouped nor filtered by user) read these rows: a
+    project's day holds one row where ``UsageDay`` holds one per user who ran in it."""
+
+    day = models.DateField()
+    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    gpu_model = models.CharField(max_length=63, blank=True, default="")
+    cluster = models.CharField(max_length=63, blank=True, default="")
+    state = models.CharField(max_length=12, choices=JobState.choices)
+    jobs = models.BigIntegerField(default=0)
+    gpu_seconds = models.BigIntegerField(default=0)
+    elapsed_seconds = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["day", "project_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "project", "queue", "gpu_model", "cluster", "state"],
+                name="usage_project_day_unique_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.project_id}/{self.queue_id} {self.gpu_seconds} GPU-s"
+
+
 class UsageMonth(models.Model):
     """``UsageDay`` summed by calendar month (``month`` is its first day), added to by the same
     upsert in the same transaction. A report over whole months reads these rows: a month holds

@@ -28,6 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from foundation.performance import collector_paused
 from portal.access import accounting_jobs, usage_scope
 from portal.api.errors import InputError
 from portal.api.schema import ERROR_SCHEMA
@@ -82,10 +83,21 @@ def _cell(value: Any) -> Any:
 
 
 class AccountingView(APIView):
-    """JSON or CSV; an error is always JSON, whatever format was asked for."""
+    """JSON or CSV; an error is always JSON, whatever format was asked for.
+
+    A request runs with the cyclic garbage collector paused: a report of a thousand groups or a
+    page of a thousand jobs builds tens of thousands of short-lived, acyclic objects (rows,
+    keys, dicts), and while they lived each burst of allocations promoted them towards the
+    oldest generation, so every few such requests paid a full collection of the whole heap
+    (160–320 ms, most of the slowest requests' time, measured with ``gc.callbacks``).
+    Reference counting still frees them when the request ends."""
 
     throttle_classes = [ReadThrottle]
     renderer_classes = [JSONRenderer, CsvRenderer]
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        with collector_paused():
+            return super().dispatch(request, *args, **kwargs)
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         try:

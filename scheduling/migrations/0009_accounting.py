@@ -5,25 +5,22 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-def months_from_days(apps, schema_editor):
-    """Sum any daily rows already recorded into their months."""
+def roll_ups_from_days(apps, schema_editor):
+    """Sum any daily rows already recorded into their months, and over their users into the
+    per-project days."""
     UsageDay = apps.get_model("scheduling", "UsageDay")
     UsageMonth = apps.get_model("scheduling", "UsageMonth")
-    totals = {}
+    UsageProjectDay = apps.get_model("scheduling", "UsageProjectDay")
+    months, project_days = {}, {}
     for row in UsageDay.objects.all().iterator():
-        key = (
-            row.day.replace(day=1),
-            row.project_id,
-            row.queue_id,
-            row.owner_id,
-            row.gpu_model,
-            row.cluster,
-            row.state,
-        )
-        measures = totals.setdefault(key, [0, 0, 0])
-        measures[0] += row.jobs
-        measures[1] += row.gpu_seconds
-        measures[2] += row.elapsed_seconds
+        for totals, key in (
+            (months, (row.day.replace(day=1), row.project_id, row.queue_id, row.owner_id)),
+            (project_days, (row.day, row.project_id, row.queue_id)),
+        ):
+            measures = totals.setdefault((*key, row.gpu_model, row.cluster, row.state), [0, 0, 0])
+            measures[0] += row.jobs
+            measures[1] += row.gpu_seconds
+            measures[2] += row.elapsed_seconds
     UsageMonth.objects.bulk_create(
         UsageMonth(
             month=k[0],
@@ -37,7 +34,21 @@ def months_from_days(apps, schema_editor):
             gpu_seconds=m[1],
             elapsed_seconds=m[2],
         )
-        for k, m in totals.items()
+        for k, m in months.items()
+    )
+    UsageProjectDay.objects.bulk_create(
+        UsageProjectDay(
+            day=k[0],
+            project_id=k[1],
+            queue_id=k[2],
+            gpu_model=k[3],
+            cluster=k[4],
+            state=k[5],
+            jobs=m[0],
+            gpu_seconds=m[1],
+            elapsed_seconds=m[2],
+        )
+        for k, m in project_days.items()
     )
 
 
@@ -121,5 +132,65 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.RunPython(months_from_days, migrations.RunPython.noop),
+        migrations.CreateModel(
+            name="UsageProjectDay",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("day", models.DateField()),
+                ("gpu_model", models.CharField(blank=True, default="", max_length=63)),
+                ("cluster", models.CharField(blank=True, default="", max_length=63)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("PENDING", "Pending"),
+                            ("HELD", "Held"),
+                            ("SCHEDULED", "Scheduled"),
+                            ("STARTING", "Starting"),
+                            ("RUNNING", "Running"),
+                            ("COMPLETING", "Completing"),
+                            ("SUCCEEDED", "Succeeded"),
+                            ("FAILED", "Failed"),
+                            ("TIMEOUT", "Timed out"),
+                            ("CANCELLED", "Cancelled"),
+                            ("PREEMPTED", "Preempted"),
+                        ],
+                        max_length=12,
+                    ),
+                ),
+                ("jobs", models.BigIntegerField(default=0)),
+                ("gpu_seconds", models.BigIntegerField(default=0)),
+                ("elapsed_seconds", models.BigIntegerField(default=0)),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="portal.project"
+                    ),
+                ),
+                (
+                    "queue",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="scheduling.queue",
+                    ),
+                ),
+            ],
+            options={
+                "ordering": ["day", "project_id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("day", "project", "queue", "gpu_model", "cluster", "state"),
+                        name="usage_project_day_unique_key",
+                    )
+                ],
+            },
+        ),
+        migrations.RunPython(roll_ups_from_days, migrations.RunPython.noop),
     ]

@@ -12,9 +12,11 @@ only a per-day chart shows a long job's hours on the day it ended. Its key is
 ``(day, project, queue, owner, gpu model, cluster, end state)``.
 
 The same rows are summed by month into ``UsageMonth`` (the key with the month's first day), so
-that reports over whole months read a thirtieth of the rows.
+that reports over whole months read a thirtieth of the rows, and over their users into
+``UsageProjectDay`` (the key without the owner), which reports over days that neither group nor
+filter by user read instead of the rows of every user.
 
-``record_ends`` is set-based (four statements for any number of jobs) because
+``record_ends`` is set-based (a few statements for any number of jobs) because
 ``transition_jobs`` may end thousands of jobs at once, and its roll-up is an upsert that adds
 (``INSERT … ON CONFLICT DO UPDATE SET x = x + excluded.x``), so two transactions ending jobs of
 the same key both count. It is not idempotent: it must run once per job, which holds because a
@@ -28,10 +30,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, models
 
 from scheduling.choices import TERMINAL_STATES
-from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth
+from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth, UsageProjectDay
 
 BATCH = 500  # rows per statement: well under every backend's limit on parameters
 
@@ -112,33 +114,42 @@ def _write_charges(charges: list[Charge]) -> None:
 
 
 _KEY = ("project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
+_PROJECT_KEY = ("project_id", "queue_id", "gpu_model", "cluster", "state")
 _MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
 UsageRow = tuple[date, int, int, int, str, str, str, int, int, int]
 
 
 def add_usage(rows: list[UsageRow]) -> None:
     """Add ``rows`` (the key, day first, then jobs, GPU-seconds and run seconds) to
-    ``UsageDay`` and, summed by month, to ``UsageMonth``: a new key is inserted, an existing one
-    has the measures added. Each key must appear once in ``rows``.
+    ``UsageDay``, summed by month to ``UsageMonth`` and summed over users to
+    ``UsageProjectDay``: a new key is inserted, an existing one has the measures added. Each key
+    must appear once in ``rows``.
 
     Django's ``bulk_create`` can only overwrite on conflict, hence the SQL; PostgreSQL and SQLite
-    (3.24 and later) both speak it. Rows go in sorted by key, so that two transactions adding to
-    overlapping keys lock them in the same order and cannot deadlock."""
+    (3.24 and later) both speak it. Rows go in sorted by key, each table in the same order, so
+    that two transactions adding to overlapping keys lock them in the same order and cannot
+    deadlock."""
     months: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for day, *rest in rows:
-        measures = months[(day.replace(day=1), *rest[:6])]
-        for i, value in enumerate(rest[6:]):
-            measures[i] += value
-    _upsert(UsageDay, "day", sorted(rows))
-    _upsert(UsageMonth, "month", sorted((*key, *measures) for key, measures in months.items()))
+    project_days: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for day, project, queue, owner, model, cluster, state, *measures in rows:
+        for totals, key in (
+            (months, (day.replace(day=1), project, queue, owner, model, cluster, state)),
+            (project_days, (day, project, queue, model, cluster, state)),
+        ):
+            sums = totals[key]
+            for i, value in enumerate(measures):
+                sums[i] += value
+    _upsert(UsageDay, ("day", *_KEY), sorted(rows))
+    _upsert(UsageMonth, ("month", *_KEY), sorted((*key, *m) for key, m in months.items()))
+    _upsert(UsageProjectDay, ("day", *_PROJECT_KEY), sorted((*key, *m) for key, m in project_days.items()))
 
 
-def _upsert(model: type[UsageDay] | type[UsageMonth], period: str, rows: list[Any]) -> None:
+def _upsert(model: type[models.Model], key_columns: tuple[str, ...], rows: list[Any]) -> None:
     q = connection.ops.quote_name
     table = q(model._meta.db_table)
-    key = ", ".join(q(c) for c in (period, *_KEY))
+    key = ", ".join(q(c) for c in key_columns)
     updates = ", ".join(f"{q(m)} = {table}.{q(m)} + excluded.{q(m)}" for m in _MEASURES)
-    one = "(" + ", ".join(["%s"] * (1 + len(_KEY) + len(_MEASURES))) + ")"
+    one = "(" + ", ".join(["%s"] * (len(key_columns) + len(_MEASURES))) + ")"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), BATCH):
             batch = rows[start : start + BATCH]

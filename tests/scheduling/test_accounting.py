@@ -1,17 +1,22 @@
 """Accounting when jobs end: GPU-seconds over every attempt, the cluster of the last one, and the
-daily roll-up, added to safely by concurrent transactions."""
+roll-ups (per user and day, per user and month, per project and day), added to safely by
+concurrent transactions."""
 
 from __future__ import annotations
 
+import importlib
+import random
 import threading
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from django.apps import apps
 from django.db import connection, connections, transaction
 
 from scheduling.choices import AttemptState, JobState
-from scheduling.models import Job, JobAttempt, UsageDay
-from scheduling.services.accounting import record_ends
+from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth, UsageProjectDay
+from scheduling.services.accounting import add_usage, record_ends
 from scheduling.services.allocations import NodePlacement, bind_job
 from scheduling.services.transitions import transition_job, transition_jobs
 from tests.factories import make_cluster, make_job, make_project, make_queue, make_user
@@ -170,3 +175,132 @@ def test_two_transactions_ending_jobs_of_one_key_both_count():
     assert errors == []
     row = UsageDay.objects.get()
     assert (row.jobs, row.gpu_seconds) == (2, 7200)
+    row = UsageProjectDay.objects.get()
+    assert (row.jobs, row.gpu_seconds) == (2, 7200)
+
+
+MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
+
+
+def summed(model, key: tuple[str, ...]) -> Counter:
+    """``{(key…, measure): total}`` of ``model``'s rows; zeros dropped, so that tables compare."""
+    out: Counter = Counter()
+    for row in model.objects.values(*key, *MEASURES):
+        for m in MEASURES:
+            out[(*(row[k] for k in key), m)] += row[m]
+    return +out
+
+
+def project_days_of_users() -> Counter:
+    return summed(UsageDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state"))
+
+
+def months_of_days() -> Counter:
+    out: Counter = Counter()
+    key = ("project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
+    for row in UsageDay.objects.values("day", *key, *MEASURES):
+        for m in MEASURES:
+            out[(row["day"].replace(day=1), *(row[k] for k in key), m)] += row[m]
+    return +out
+
+
+def random_usage(rng: random.Random, users, queues, n: int) -> list[tuple]:
+    """``n`` roll-up rows with distinct keys over two months, three users and two projects."""
+    rows = {}
+    for _ in range(n):
+        queue = rng.choice(queues)
+        key = (date(2026, 10, 25) + timedelta(days=rng.randrange(14)), queue.project_id, queue.pk,
+               rng.choice(users).pk, rng.choice(["h100", "a100", ""]), rng.choice(["sim-a", "sim-b"]),
+               rng.choice([JobState.SUCCEEDED, JobState.FAILED]))  # fmt: skip
+        rows[key] = (rng.randrange(1, 5), rng.randrange(10_000), rng.randrange(5_000))
+    return [(*k, *m) for k, m in rows.items()]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_project_days_and_months_are_the_user_days_summed(db, seed):
+    """Batches adding to keys already there and to new ones, in any order: every roll-up stays
+    the sum of the daily rows per user."""
+    rng = random.Random(seed)
+    users = [make_user() for _ in range(3)]
+    queues = [make_queue(make_project(), name) for name in ("default", "long")]
+    for _ in range(4):
+        add_usage(random_usage(rng, users, queues, 60))
+    assert UsageProjectDay.objects.count() < UsageDay.objects.count()
+    assert summed(UsageProjectDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state")) == (
+        project_days_of_users()
+    )
+    assert summed(UsageMonth, ("month", "project_id", "queue_id", "owner_id", "gpu_model", "cluster",
+                               "state")) == months_of_days()  # fmt: skip
+
+
+def test_ending_jobs_of_several_users_adds_them_up_per_project(queue, clusters):
+    users = [make_user() for _ in range(3)]
+    for i, owner in enumerate(users * 2):
+        job = make_job(owner, queue, gpus=i + 1)
+        attempt(job, 1, clusters[0], 0, 60)
+        end(job)
+    record_ends(list(Job.objects.values_list("pk", flat=True)), T0)
+    row = UsageProjectDay.objects.get()
+    assert (row.jobs, row.gpu_seconds, row.elapsed_seconds) == (6, 21 * 3600, 6 * 3600)
+    assert UsageDay.objects.count() == 3
+
+
+def test_the_migration_fills_the_new_roll_ups_from_the_daily_rows(db):
+    rng = random.Random(4)
+    users = [make_user() for _ in range(3)]
+    queues = [make_queue(make_project(), "default") for _ in range(2)]
+    add_usage(random_usage(rng, users, queues, 80))
+    UsageMonth.objects.all().delete()
+    UsageProjectDay.objects.all().delete()
+    importlib.import_module("scheduling.migrations.0009_accounting").roll_ups_from_days(apps, None)
+    assert summed(UsageProjectDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state")) == (
+        project_days_of_users()
+    )
+    assert summed(UsageMonth, ("month", "project_id", "queue_id", "owner_id", "gpu_model", "cluster",
+                               "state")) == months_of_days()  # fmt: skip
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="two connections at once need PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_ends_of_different_users_add_up_in_their_project_day():
+    """Two transactions, each ending jobs of two users of one project (their own rows per user,
+    shared rows per project and day), listed in opposite orders: the second waits on the rows
+    the first holds (both lock keys in sorted order, so neither holds what the other waits for)
+    and both count."""
+    users = [make_user() for _ in range(4)]
+    queue = make_queue(make_project("vision", members=tuple(users)))
+    cluster = make_cluster("sim-a")
+    jobs = []
+    for i, owner in enumerate(users):
+        for state in (JobState.SUCCEEDED, JobState.FAILED):
+            job = make_job(owner, queue, gpus=1 + i)
+            attempt(job, 1, cluster, 0, 60)
+            end(job, state)
+            jobs.append(job.pk)
+    first_ids, second_ids = jobs[:4], jobs[4:][::-1]
+    first_wrote, errors = threading.Event(), []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                record_ends(first_ids, T0)
+                first_wrote.set()
+                threading.Event().wait(0.3)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            first_wrote.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_wrote.wait(5)
+    with transaction.atomic():
+        record_ends(second_ids, T0)
+    thread.join(5)
+    assert errors == []
+    per_state = {r.state: (r.jobs, r.gpu_seconds) for r in UsageProjectDay.objects.all()}
+    assert per_state == {JobState.SUCCEEDED: (4, 10 * 3600), JobState.FAILED: (4, 10 * 3600)}
+    assert summed(UsageProjectDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state")) == (
+        project_days_of_users()
+    )

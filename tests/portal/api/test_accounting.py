@@ -4,6 +4,7 @@ their filters, who sees what, keyset pages, CSV, and a 400 naming each bad param
 from __future__ import annotations
 
 import csv
+import gc
 import io
 from datetime import UTC, datetime, timedelta
 
@@ -245,3 +246,21 @@ def test_the_report_says_its_period_and_total(api, alice, world):
     now = datetime.now(UTC).date()
     body = api(alice).get("/api/v1/accounting/usage").json()
     assert body["until"] == (now + timedelta(days=1)).isoformat() and body["total"]["jobs"] == 3
+
+
+@pytest.mark.parametrize("path", ["/api/v1/accounting/usage?by=project,user", "/api/v1/accounting/jobs"])
+def test_a_request_builds_its_rows_with_the_cyclic_collector_paused_and_resumes_it(
+    api, world, monkeypatch, path
+):
+    """A thousand-row answer is tens of thousands of short-lived objects: collections of the
+    whole heap while they live were the slow tail of these endpoints."""
+    import portal.api.accounting as endpoints
+
+    seen = []
+    for name in ("usage_report", "job_history"):
+        real = getattr(endpoints, name)
+        monkeypatch.setattr(
+            endpoints, name, lambda *a, real=real, **k: seen.append(gc.isenabled()) or real(*a, **k)
+        )
+    assert api(make_user("ops", staff=True)).get(path).status_code == 200
+    assert seen == [False] and gc.isenabled()
