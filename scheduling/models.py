@@ -513,23 +513,32 @@ class JobDependency(models.Model):
         return f"{self.job_id} {self.kind}:{self.target_id} ({self.state})"
 
 
-class UsageDay(models.Model):
-    """The accounting roll-up: finished jobs and their GPU-seconds per day and per project,
-    queue, owner, GPU model, cluster and end state, added to in the transaction that ends each
-    job. Usage reports read these rows, never the millions of jobs."""
+class UsageRollup(models.Model):
+    """What the accounting roll-ups share: the key (besides the period and the user) and the
+    measures, added to in the transaction that ends each job."""
 
-    day = models.DateField()
     project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False)
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_constraint=False
-    )
     gpu_model = models.CharField(max_length=63, blank=True, default="")
     cluster = models.CharField(max_length=63, blank=True, default="")
     state = models.CharField(max_length=12, choices=JobState.choices)
     jobs = models.BigIntegerField(default=0)
     gpu_seconds = models.BigIntegerField(default=0)
     elapsed_seconds = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class UsageDay(UsageRollup):
+    """The accounting roll-up: finished jobs and their GPU-seconds per day and per project,
+    queue, owner, GPU model, cluster and end state, added to in the transaction that ends each
+    job. Usage reports read these rows, never the millions of jobs."""
+
+    day = models.DateField()
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_constraint=False
+    )
 
     class Meta:
         ordering = ["day", "project_id"]
@@ -544,21 +553,13 @@ class UsageDay(models.Model):
         return f"{self.day} {self.project_id}/{self.queue_id} {self.gpu_seconds} GPU-s"
 
 
-class UsageProjectDay(models.Model):
+class UsageProjectDay(UsageRollup):
     """``UsageDay`` without the owner: finished jobs per day and per project, queue, GPU model,
     cluster and end state, added to by the same upsert in the same transaction. Fleet-wide and
     per-project reports over days (neither grouped nor filtered by user) read these rows: a
     project's day holds one row where ``UsageDay`` holds one per user who ran in it."""
 
     day = models.DateField()
-    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False)
-    gpu_model = models.CharField(max_length=63, blank=True, default="")
-    cluster = models.CharField(max_length=63, blank=True, default="")
-    state = models.CharField(max_length=12, choices=JobState.choices)
-    jobs = models.BigIntegerField(default=0)
-    gpu_seconds = models.BigIntegerField(default=0)
-    elapsed_seconds = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["day", "project_id"]
@@ -573,23 +574,15 @@ class UsageProjectDay(models.Model):
         return f"{self.day} {self.project_id}/{self.queue_id} {self.gpu_seconds} GPU-s"
 
 
-class UsageMonth(models.Model):
+class UsageMonth(UsageRollup):
     """``UsageDay`` summed by calendar month (``month`` is its first day), added to by the same
     upsert in the same transaction. A report over whole months reads these rows: a month holds
     about a thirtieth of the rows its days do, which keeps a quarter's report per user fast."""
 
     month = models.DateField()
-    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_constraint=False
     )
-    gpu_model = models.CharField(max_length=63, blank=True, default="")
-    cluster = models.CharField(max_length=63, blank=True, default="")
-    state = models.CharField(max_length=12, choices=JobState.choices)
-    jobs = models.BigIntegerField(default=0)
-    gpu_seconds = models.BigIntegerField(default=0)
-    elapsed_seconds = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["month", "project_id"]
