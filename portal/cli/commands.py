@@ -207,17 +207,27 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_action(args: argparse.Namespace) -> int:
     """An action on each reference: a job (``74``), a member (``74_3``), a whole array (its id)
     or a range of members (``74_[1-5]``)."""
-    api, failures = client_for(args), 0
-    for ref in args.job_ids:
+    api = client_for(args)
+
+    def act(ref: str) -> str:
+        result = api.post(job_path(ref, args.verb))
+        if "matched" in result:
+            return render.many_changed(result, render.DONE.get(args.verb, args.verb))
+        if args.verb == "checkpoint":
+            when = render.local_time(result["checkpointedAt"])
+            return f"job {result['ref']}: checkpoint recorded at {when}"
+        return f"job {result['ref']}: {result['state']}"
+
+    return _each_ref(args.job_ids, act)
+
+
+def _each_ref(refs: Sequence[str], act: Callable[[str], str]) -> int:
+    """Do ``act`` for each reference and print what it says; a refusal is printed for its
+    reference and the others go on. Exit status 1 if any was refused."""
+    failures = 0
+    for ref in refs:
         try:
-            result = api.post(job_path(ref, args.verb))
-            if "matched" in result:
-                print(render.inert(render.many_changed(result, render.DONE.get(args.verb, args.verb))))
-            elif args.verb == "checkpoint":
-                when = render.local_time(result["checkpointedAt"])
-                print(f"job {result['ref']}: checkpoint recorded at {when}")
-            else:
-                print(render.inert(f"job {result['ref']}: {result['state']}"))
+            print(render.inert(act(ref)))
         except ApiError as exc:
             print(render.inert(f"job {ref}: {exc}"), file=sys.stderr)
             failures += 1
@@ -241,18 +251,15 @@ def cmd_update(args: argparse.Namespace) -> int:
         raise ApiError(
             0, "nothing to change: give --time-limit, --priority, --name, --hold/--release or --throttle"
         )
-    api, failures = client_for(args), 0
-    for ref in args.job_ids:
-        try:
-            result = api.patch(job_path(ref), json.dumps(changes).encode())
-            if "matched" in result:
-                print(render.inert(render.many_changed(result, "updated")))
-            else:
-                print(render.inert(f"job {result['ref']}: updated ({result['state']})"))
-        except ApiError as exc:
-            print(render.inert(f"job {ref}: {exc}"), file=sys.stderr)
-            failures += 1
-    return 1 if failures else 0
+    api = client_for(args)
+
+    def update(ref: str) -> str:
+        result = api.patch(job_path(ref), json.dumps(changes).encode())
+        if "matched" in result:
+            return render.many_changed(result, "updated")
+        return f"job {result['ref']}: updated ({result['state']})"
+
+    return _each_ref(args.job_ids, update)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
