@@ -13,9 +13,9 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from clusters.adapters.base import LogChunk
-from portal.services.tokens import issue_token
 from scheduling.models import Queue
-from tests.factories import make_cluster, make_job, make_node, make_project, make_queue, make_user
+from tests.factories import make_job
+from tests.portal.cli_runs import alice_world, cli_env, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,22 +32,11 @@ spec:
 
 @pytest.fixture
 def cli(live_server, tmp_path):
-    alice = make_user("alice")
-    make_queue(make_project("vision", members=(alice,)))
-    make_node(make_cluster("sim-a"), gpus=8, model="h100")
-    _, token = issue_token(alice)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
-    env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml")}
+    _, token = alice_world()
+    env = cli_env(tmp_path)
 
     def run(*args: str, stdin: str | None = None, **more_env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "portal.cli.commands", *args],
-            input=stdin,
-            env=env | more_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_cli(env | more_env, *args, stdin=stdin)
 
     login = run("login", "--server", live_server.url, "--token", token)
     assert login.returncode == 0, login.stderr

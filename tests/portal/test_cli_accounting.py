@@ -7,9 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +18,7 @@ from scheduling.choices import AttemptState, JobState
 from scheduling.models import JobAttempt
 from scheduling.services.accounting import record_ends
 from tests.factories import make_cluster, make_job, make_node, make_project, make_queue, make_user
+from tests.portal.cli_runs import cli_env, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,18 +59,10 @@ def cli(live_server, tmp_path):
         )
         record_ends([job.pk], ended)
     _, token = issue_token(alice)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
-    env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml")}
+    env = cli_env(tmp_path)
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "portal.cli.commands", *args],
-            input=stdin,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_cli(env, *args, stdin=stdin)
 
     assert run("login", "--server", live_server.url, "--token", token).returncode == 0
     return run

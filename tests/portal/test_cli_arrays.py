@@ -7,18 +7,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from portal.cli.commands import main
-from portal.services.tokens import issue_token
 from scheduling.models import Job
-from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
+from tests.portal.cli_runs import alice_world, cli_env, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,26 +44,15 @@ def cli(live_server, tmp_path, monkeypatch):
     """``cli(*args)`` runs ``orrery`` logged in as alice, a member of project vision: in this
     process (its ``main``, real HTTP to the live server; a fresh interpreter costs seconds), or
     as a real process with ``process=True``."""
-    alice = make_user("alice")
-    make_queue(make_project("vision", members=(alice,)))
-    make_node(make_cluster("sim-a"), gpus=8, model="h100")
-    _, token = issue_token(alice)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
-    env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml"), "ORRERY_SERVER": live_server.url}
-    env |= {"ORRERY_TOKEN": token}
+    _, token = alice_world()
+    env = cli_env(tmp_path) | {"ORRERY_SERVER": live_server.url, "ORRERY_TOKEN": token}
     for key, value in env.items():
         if key.startswith("ORRERY_"):
             monkeypatch.setenv(key, value)
 
     def run(*args: str, process: bool = False) -> Any:
         if process:
-            return subprocess.run(
-                [sys.executable, "-m", "portal.cli.commands", *args],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            return run_cli(env, *args)
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:

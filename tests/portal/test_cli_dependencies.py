@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from portal.services.tokens import issue_token
 from scheduling.choices import JobState
 from scheduling.models import Job
 from scheduling.services.transitions import transition_job
-from tests.factories import make_cluster, make_node, make_project, make_queue, make_user
+from tests.portal.cli_runs import alice_world, cli_env, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,23 +27,13 @@ spec:
 
 @pytest.fixture
 def cli(live_server, tmp_path):
-    alice = make_user("alice")
-    make_queue(make_project("vision", members=(alice,)))
-    make_node(make_cluster("sim-a"), gpus=8, model="h100")
-    _, token = issue_token(alice)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
-    env |= {"ORRERY_CONFIG": str(tmp_path / "config.yaml")}
+    _, token = alice_world()
+    env = cli_env(tmp_path)
     spec = tmp_path / "step.yaml"
     spec.write_text(SPEC)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "portal.cli.commands", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_cli(env, *args)
 
     assert run("login", "--server", live_server.url, "--token", token).returncode == 0
 
