@@ -106,6 +106,12 @@ class Cluster(models.Model):
     )
     energy_price_per_kwh = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     carbon_g_per_kwh = models.PositiveIntegerField(null=True, blank=True)
+    power_saving = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Let Orrery power idle nodes down (where the cluster's adapter can, e.g. Slurm's "
+        "power saving); off: recommendations only.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -244,6 +250,17 @@ class GpuDevice(models.Model):
     health_reason = models.CharField(max_length=255, blank=True)
     last_xid = models.PositiveIntegerField(null=True, blank=True, help_text="Last XID error reported.")
     mig_enabled = models.BooleanField(default=False)
+    mig_layout_wanted = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='The MIG layout an operator asks for, e.g. ["3g.40gb", "3g.40gb"] ([]: MIG off); '
+        "the node's agent applies it when the GPU is idle. Empty: leave the layout as it is.",
+    )
+    shareable = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Offer this GPU in fractions (by memory or share) to jobs that ask for one.",
+    )
     topology_group = models.CharField(
         max_length=63, blank=True, help_text="NVLink/PCIe group; GPUs of one group talk fastest."
     )
@@ -253,6 +270,10 @@ class GpuDevice(models.Model):
     power_w = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_POWER_USAGE.")
     temperature_c = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_GPU_TEMP.")
     telemetry_at = models.DateTimeField(null=True, blank=True)
+    # Exponential averages over recent telemetry (``sync_telemetry``), what load-aware placement reads.
+    utilization_avg = models.FloatField(null=True, blank=True)
+    memory_used_avg_mb = models.FloatField(null=True, blank=True)
+    temperature_avg_c = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["node_id", "index"]
@@ -272,6 +293,32 @@ class GpuDevice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node}#{self.index}"
+
+
+class MigInstance(models.Model):
+    """One MIG instance of a GPU in MIG mode: a GPU of its own to the job that gets it, with its
+    own UUID (what ``CUDA_VISIBLE_DEVICES`` names). ``slot`` is its place in the GPU's layout;
+    ``slices`` its compute slices (of 7 on A100/H100), what its share of the GPU's power is
+    reckoned by."""
+
+    gpu = models.ForeignKey(GpuDevice, on_delete=models.CASCADE, related_name="mig_instances")
+    slot = models.PositiveSmallIntegerField()
+    profile = models.CharField(max_length=32, help_text='e.g. "1g.10gb"')
+    uuid = models.CharField(max_length=64, blank=True)
+    memory_mb = models.PositiveIntegerField(default=0)
+    slices = models.PositiveSmallIntegerField(default=1)
+
+    class Meta:
+        ordering = ["gpu_id", "slot"]
+        verbose_name = "MIG instance"
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "slot"], name="mig_unique_slot_per_gpu"),
+            models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="mig_unique_uuid"),
+            models.CheckConstraint(condition=Q(slices__gte=1) & Q(slices__lte=8), name="mig_slices_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu}/{self.profile}#{self.slot}"
 
 
 class NodeEvent(models.Model):

@@ -17,7 +17,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from clusters.models import Cluster, GpuDevice, GpuModel, Node, slug_validator
+from clusters.models import Cluster, GpuDevice, GpuModel, MigInstance, Node, slug_validator
 from scheduling.choices import (
     SHORT_CODES,
     TERMINAL_STATES,
@@ -152,6 +152,18 @@ class Job(models.Model):
     nodes = models.PositiveIntegerField(default=1, help_text="Nodes; more than one makes a gang.")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, null=True, blank=True)
     gpus_per_node = models.PositiveIntegerField(default=0)
+    # A GPU smaller than a whole one (``docs/scheduling-policies.md``, fine-grained GPUs): a MIG
+    # instance of this profile (``gpus_per_node`` of them), or one fraction of a GPU an operator
+    # marked shareable, by memory or by share of the whole.
+    gpu_slice = models.CharField(
+        max_length=32, blank=True, default="", db_default="", help_text='A MIG profile, e.g. "1g.10gb".'
+    )
+    gpu_memory_mb = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="A shared GPU's memory for this job (MiB); 0: not shared."
+    )
+    gpu_share = models.FloatField(
+        null=True, blank=True, help_text="A shared GPU's fraction for this job (0–1); empty: not shared."
+    )
     cpu_millicores_per_node = models.BigIntegerField(default=0)
     memory_bytes_per_node = models.BigIntegerField(default=0)
     time_limit_s = models.PositiveIntegerField(null=True, blank=True)
@@ -236,6 +248,11 @@ class Job(models.Model):
                 "for any model).",
             ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+            models.CheckConstraint(
+                condition=Q(gpu_share__isnull=True) | (Q(gpu_share__gt=0) & Q(gpu_share__lte=1)),
+                name="job_gpu_share_fraction",
+                violation_error_message="A GPU share is a fraction above 0 and at most 1.",
+            ),
         ]
         indexes = [
             models.Index(fields=["state", "queue"], name="job_state_queue_idx"),
@@ -311,6 +328,13 @@ class JobAttempt(models.Model):
     master_port = models.PositiveIntegerField(
         null=True, blank=True, help_text="The port a gang's head listens on (MASTER_PORT)."
     )
+    # Energy, integrated by the meter from its GPUs' power telemetry while the attempt holds them
+    # (``scheduling.services.energy``), with its cost and CO₂ at the cluster's price and intensity
+    # of the moment; ``energy_at`` is the meter's last reading.
+    energy_wh = models.FloatField(default=0.0, db_default=0.0)
+    energy_cost = models.FloatField(default=0.0, db_default=0.0)
+    co2_g = models.FloatField(default=0.0, db_default=0.0)
+    energy_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -352,6 +376,18 @@ class Allocation(models.Model):
         db_constraint=False,
         db_index=False,
     )
+    # A MIG instance of ``gpu`` (then ``gpu`` is its parent), or a fraction of a shared ``gpu``
+    # (``gpu_memory_mb`` > 0); neither: the whole GPU.
+    mig_instance = models.ForeignKey(
+        MigInstance,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="allocations",
+        db_constraint=False,
+        db_index=False,
+    )
+    gpu_memory_mb = models.PositiveIntegerField(default=0, db_default=0)
     cpu_millicores = models.BigIntegerField(default=0)
     memory_bytes = models.BigIntegerField(default=0)
     active = models.BooleanField(default=True)
@@ -363,8 +399,20 @@ class Allocation(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["gpu"],
-                condition=Q(active=True) & Q(gpu__isnull=False),
+                condition=Q(active=True)
+                & Q(gpu__isnull=False)
+                & Q(mig_instance__isnull=True)
+                & Q(gpu_memory_mb=0),
                 name="alloc_one_active_per_gpu",
+            ),
+            models.UniqueConstraint(
+                fields=["mig_instance"],
+                condition=Q(active=True) & Q(mig_instance__isnull=False),
+                name="alloc_one_active_per_mig_instance",
+            ),
+            models.CheckConstraint(
+                condition=(Q(mig_instance__isnull=True) & Q(gpu_memory_mb=0)) | Q(gpu__isnull=False),
+                name="alloc_fraction_names_its_gpu",
             ),
             models.UniqueConstraint(
                 fields=["attempt", "node"],
@@ -525,6 +573,9 @@ class UsageRollup(models.Model):
     jobs = models.BigIntegerField(default=0)
     gpu_seconds = models.BigIntegerField(default=0)
     elapsed_seconds = models.BigIntegerField(default=0)
+    energy_wh = models.FloatField(default=0.0, db_default=0.0)
+    energy_cost = models.FloatField(default=0.0, db_default=0.0)
+    co2_g = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         abstract = True
