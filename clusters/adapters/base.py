@@ -62,11 +62,21 @@ _ENDED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.TIMEOUT, Phase.CANCELLE
 
 @dataclass(frozen=True)
 class Share:
-    """One node's part of an attempt: the node and the indices of its GPUs the attempt holds."""
+    """One node's part of an attempt: the node and the indices of its GPUs the attempt holds.
+
+    Smaller than whole GPUs: ``mig_profile`` set, the attempt holds MIG instances of that
+    profile — ``gpu_indices`` are their parent GPUs (one entry per instance) and ``mig_uuids``
+    the instances' UUIDs, what ``CUDA_VISIBLE_DEVICES`` names; ``gpu_memory_mb`` > 0, it holds
+    that much of the shared GPU ``gpu_indices[0]`` (and ``gpu_share`` is that as a fraction of
+    the GPU's memory)."""
 
     node_id: int
     node: str
     gpu_indices: tuple[int, ...]
+    mig_profile: str = ""
+    mig_uuids: tuple[str, ...] = ()
+    gpu_memory_mb: int = 0
+    gpu_share: float = 0.0
 
 
 @dataclass(frozen=True)

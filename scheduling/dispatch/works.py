@@ -58,13 +58,22 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
     if not gpus:
         held = held.filter(gpu__isnull=True)
     # Shares by node id: the lowest is the head of a gang (rank 0) on every kind.
-    shares: dict[Any, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
-    for attempt, node_id, node, gpu in held.order_by("node_id", "gpu__index").values_list(
-        "attempt_id", "node_id", "node__name", "gpu__index"
+    shares: dict[Any, dict[int, _Held]] = defaultdict(dict)
+    for attempt, node_id, node, gpu, profile, mig_uuid, shared_mb, gpu_mb in held.order_by(
+        "node_id", "gpu__index", "mig_instance__slot"
+    ).values_list(
+        "attempt_id",
+        "node_id",
+        "node__name",
+        "gpu__index",
+        "mig_instance__profile",
+        "mig_instance__uuid",
+        "gpu_memory_mb",
+        "gpu__memory_mb",
     ):
-        share = shares[attempt].setdefault(node_id, (node, []))
+        share = shares[attempt].setdefault(node_id, _Held(node))
         if gpu is not None:
-            share[1].append(gpu)
+            share.add(gpu, profile or "", mig_uuid or "", shared_mb or 0, gpu_mb or 0)
     accounts = run_as_names((row[-2], row[-1]) for row in rows.values())
     return [
         _work(pk, rows[pk], shares[pk], accounts[(rows[pk][-2], rows[pk][-1])])
@@ -73,7 +82,30 @@ def load_works(attempts: QuerySet[JobAttempt] | Iterable[Any], *, gpus: bool = T
     ]
 
 
-def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run_as: str | None) -> Work:
+class _Held:
+    """What one attempt holds on one node, as read from its allocation rows."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.gpus: list[int] = []
+        self.profile, self.uuids, self.memory_mb, self.share = "", [], 0, 0.0
+
+    def add(self, gpu: int, profile: str, mig_uuid: str, shared_mb: int, gpu_mb: int) -> None:
+        self.gpus.append(gpu)
+        if profile:
+            self.profile = profile
+            self.uuids.append(mig_uuid)
+        if shared_mb:
+            self.memory_mb = shared_mb
+            self.share = round(shared_mb / gpu_mb, 4) if gpu_mb else 0.0
+
+    def share_of(self, node_id: int) -> Share:
+        return Share(
+            node_id, self.node, tuple(self.gpus), self.profile, tuple(self.uuids), self.memory_mb, self.share
+        )
+
+
+def _work(pk: Any, row: list[Any], shares: dict[int, _Held], run_as: str | None) -> Work:
     job_id, number, epoch, remote_id, started_at, command, spec, time_limit_s, cpu, memory, secret = row[:11]
     stop_at, signal, grace, signalled_at, master_port = row[11:16]
     spec = spec or {}
@@ -87,7 +119,7 @@ def _work(pk: Any, row: list[Any], shares: dict[int, tuple[str, list[int]]], run
         script=shell_command(command, spec.get("setup") or "", spec.get("workdir") or ""),
         env=env | (secrets := unseal(secret) if secret else {}),  # the running job alone sees them
         secret_names=frozenset(secrets),
-        shares=tuple(Share(n, name, tuple(g)) for n, (name, g) in shares.items()),
+        shares=tuple(held.share_of(n) for n, held in shares.items()),
         time_limit_s=time_limit_s,
         remote_id=remote_id,
         started_at=started_at.timestamp() if started_at else None,
