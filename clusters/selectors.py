@@ -8,10 +8,19 @@ from datetime import datetime
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 
 from clusters.choices import ClusterKind
-from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, MetricPoint, Node, NodeEvent
+from clusters.models import (
+    Cluster,
+    GpuDevice,
+    GpuModel,
+    GpuModelAlias,
+    MetricPoint,
+    MigInstance,
+    Node,
+    NodeEvent,
+)
 
 
 def resolve_gpu_model(name: str) -> GpuModel | None:
@@ -44,6 +53,38 @@ def gpu_capacity_histogram(gpu_model_id: int) -> dict[int, int]:
             histogram[n] = histogram.get(n, 0) + 1
         cache.set(key, histogram, _CAPACITY_TTL_S)
     return histogram
+
+
+def mig_capacity(gpu_model_id: int, profile: str) -> int:
+    """The most MIG instances of ``profile`` any one node has on GPUs of the model (cached 30 s,
+    as ``gpu_capacity_histogram``)."""
+    key = f"orrery:mig-capacity:{gpu_model_id}:{profile}"
+    most = cache.get(key)
+    if most is None:
+        per_node = (
+            MigInstance.objects.filter(gpu__model_id=gpu_model_id, gpu__mig_enabled=True, profile=profile)
+            .values("gpu__node_id")
+            .annotate(n=Count("id"))
+            .values_list("n", flat=True)
+        )
+        most = max(per_node, default=0)
+        cache.set(key, most, _CAPACITY_TTL_S)
+    return most
+
+
+def shareable_memory_mb(gpu_model_id: int) -> int:
+    """The memory (MiB) of the largest GPU of the model an operator offers in fractions; 0: none."""
+    key = f"orrery:shareable:{gpu_model_id}"
+    largest = cache.get(key)
+    if largest is None:
+        largest = (
+            GpuDevice.objects.filter(model_id=gpu_model_id, shareable=True, mig_enabled=False).aggregate(
+                m=Max("memory_mb")
+            )["m"]
+            or 0
+        )
+        cache.set(key, largest, _CAPACITY_TTL_S)
+    return largest
 
 
 def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:

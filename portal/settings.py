@@ -476,6 +476,10 @@ ORRERY_INGEST_RETRY_AFTER_S = int(os.environ.get("ORRERY_INGEST_RETRY_AFTER_S", 
 # None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.
 ORRERY_SCHEDULER_PROFILE = None
 ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60))
+# Telemetry the scheduler reads (load-aware placement, shared GPUs' memory in use): re-read every
+# ORRERY_SCHEDULER_TELEMETRY_S; a reading older than ORRERY_TELEMETRY_STALE_S is not trusted.
+ORRERY_SCHEDULER_TELEMETRY_S = float(os.environ.get("ORRERY_SCHEDULER_TELEMETRY_S", 30))
+ORRERY_TELEMETRY_STALE_S = float(os.environ.get("ORRERY_TELEMETRY_STALE_S", 180))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
 # Predicted start times written per cycle at most (only those that moved are written).

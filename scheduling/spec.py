@@ -17,6 +17,11 @@ Units, chosen to match what Slurm and Kubernetes users type:
   any model: ``8``, ``"8"``, ``"gpu:8"``, ``"gpu"`` (one), ``{count: 8}``, and ``{count: 8,
   models: [h100, a100]}`` for any of these models, best first (the scheduler records the model
   it chose when it places the job);
+* smaller than whole GPUs: a MIG instance ``"a100:1g.10gb"`` (one), ``"a100:1g.10gb:2"`` or
+  ``{model: a100, mig: 1g.10gb, count: 2}``; a fraction of a shareable GPU with ``gpus`` one
+  GPU (per node) and ``resources.gpuMemory: 20Gi`` (memory, units as for ``memory``) or
+  ``resources.gpuShare: 0.25`` (a fraction of the GPU's memory and compute);
+* topology: ``placement.topology: required|preferred`` keeps a gang under one switch or rack;
 * preemption: ``preemptible`` (default true) and ``preemption: {signal: USR1, grace: 2m}`` — the
   signal a preempted job gets first (``TERM``, ``INT``, ``HUP``, ``USR1``, ``USR2``, ``QUIT``, with
   or without ``SIG``) and how long it then has to save its work before it is killed (a duration
@@ -64,6 +69,7 @@ _DURATION_PARTS = re.compile(r"(\d+)\s*([dhms])", re.IGNORECASE | re.ASCII)
 _DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE | re.ASCII)
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 _ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE | re.ASCII)
+_MIG_PROFILE = re.compile(r"^[1-8]g\.[0-9]{1,4}gb(\+[a-z0-9]{1,8})?$", re.ASCII)
 _ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$", re.ASCII)
 _JOB_REF = re.compile(r"(\d{1,18})(?:_(\d{1,9}))?", re.ASCII)
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -93,10 +99,11 @@ SPEC_FIELDS = {
     "preemption",
     "dependency",
 }
-RESOURCE_FIELDS = {"nodes", "gpus", "cpus", "memory"}
-GPU_FIELDS = {"model", "models", "count"}
+RESOURCE_FIELDS = {"nodes", "gpus", "cpus", "memory", "gpuMemory", "gpuShare"}
+GPU_FIELDS = {"model", "models", "count", "mig"}
+TOPOLOGIES = ("required", "preferred")
 PREEMPTION_FIELDS = {"signal", "grace"}
-PLACEMENT_FIELDS = {"clusters", "nodeSelector"}
+PLACEMENT_FIELDS = {"clusters", "nodeSelector", "topology"}
 SIM_FIELDS = {"duration", "exitCode"}
 ARRAY_FIELDS = {"indices", "throttle"}
 
@@ -126,6 +133,7 @@ class GpuRequest:
     model: str | None
     count: int
     models: tuple[str, ...] = ()
+    mig: str = ""  # a MIG profile: ``count`` instances of it on GPUs of ``model``
 
     @property
     def any_model(self) -> bool:
@@ -166,6 +174,9 @@ class JobSpec:
     array_throttle: int | None = None  # Slurm's "%N": at most N members run at once
     # (kind, reference) pairs, references unresolved ("74", "74_3"); kind "singleton" has ref "".
     dependency: tuple[tuple[str, str], ...] = ()
+    gpu_memory_mb: int = 0  # a fraction of a shareable GPU, by memory …
+    gpu_share: float | None = None  # … or by share
+    topology: str = ""  # a gang's "required" or "preferred" keeping to one switch or rack
 
 
 class _Collector:
@@ -433,7 +444,25 @@ def parse_gpus(value: Any) -> GpuRequest:
         return _gpu_request(parts[0], 1) if count is None else parse_gpus(count)
     if len(parts) == 2 and ascii_integer(parts[1]) is not None:
         return _gpu_request(parts[0], ascii_integer(parts[1]))
-    raise ValueError(f"'{value[:40]}' is not a GPU request; use MODEL:COUNT, e.g. h100:8, or a count")
+    if len(parts) in (2, 3) and _MIG_PROFILE.fullmatch(parts[1].lower()):
+        count = ascii_integer(parts[2]) if len(parts) == 3 else 1
+        if count is not None:
+            return _mig_request(parts[0], parts[1], count)
+    raise ValueError(
+        f"'{value[:40]}' is not a GPU request; use MODEL:COUNT (h100:8), MODEL:MIG-PROFILE[:COUNT] "
+        "(a100:1g.10gb) or a count"
+    )
+
+
+def _mig_request(model: str, profile: str, count: int) -> GpuRequest:
+    """``count`` MIG instances of ``profile`` on GPUs of ``model``."""
+    profile = profile.strip().lower() if isinstance(profile, str) else ""
+    if not _MIG_PROFILE.fullmatch(profile):
+        raise FieldProblems([(".mig", "must be a MIG profile such as 1g.10gb or 3g.40gb")])
+    if count < 1:
+        raise ValueError("a MIG request asks for at least one instance")
+    request = _gpu_request(model, count)
+    return GpuRequest(request.model, request.count, mig=profile)
 
 
 def _gpu_mapping(value: dict[Any, Any]) -> GpuRequest:
@@ -450,10 +479,14 @@ def _gpu_mapping(value: dict[Any, Any]) -> GpuRequest:
     count = value.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int):
         raise ValueError("count must be an integer")
+    if "mig" in value and "model" not in value:
+        raise FieldProblems([(".model", "a MIG request names its GPU model: {model: a100, mig: 1g.10gb}")])
     if "model" in value:
         model = value["model"]
         if not isinstance(model, str) or not model.strip():
             raise ValueError("model must be a GPU model name such as h100")
+        if "mig" in value:
+            return _mig_request(model, value["mig"], count)
         return _gpu_request(model, count)
     models = _gpu_models(value["models"]) if "models" in value else ()
     return _gpu_request(None, count, models)
@@ -490,6 +523,46 @@ def _gpu_request(model: str | None, count: int, models: tuple[str, ...] = ()) ->
     if not count:
         return GpuRequest(None, 0)
     return GpuRequest(model.strip().lower() if model is not None else None, count, models)
+
+
+def parse_share(value: Any) -> float:
+    """A fraction of a GPU: a number above 0 and at most 1 (``0.25``), or a percentage (``"25%"``)."""
+    text = value.strip() if isinstance(value, str) else value
+    percent = isinstance(text, str) and text.endswith("%")
+    if percent:
+        text = text[:-1].strip()
+    if isinstance(text, str):
+        number: Any = float(text) if len(text) <= _MAX_TEXT_NUMBER and _DECIMAL.fullmatch(text) else None
+    else:
+        number = text
+    if isinstance(number, bool) or not isinstance(number, int | float) or number != number:
+        raise ValueError("must be a fraction of a GPU such as 0.25 or 25%")
+    share = number / 100 if percent else float(number)
+    if not 0 < share <= 1:
+        raise ValueError("must be above 0 and at most 1 (or 100%)")
+    return share
+
+
+def _gpu_fraction(c: _Collector, values: dict[str, Any], path: str) -> tuple[int, float | None]:
+    """A fraction of a shareable GPU (``gpuMemory`` or ``gpuShare``): one GPU per node, whole
+    GPUs' request otherwise unchanged."""
+    memory, share, gpus = values["gpuMemory"], values["gpuShare"], values["gpus"]
+    if not memory and share is None:
+        return 0, None
+    if memory and share is not None:
+        c.add(f"{path}.gpuShare", "give gpuMemory or gpuShare, not both")
+        return 0, None
+    where = f"{path}.gpuMemory" if memory else f"{path}.gpuShare"
+    if gpus.count != 1 or gpus.mig:
+        c.add(where, "a fraction of a GPU goes with gpus: one GPU per node (e.g. gpus: a100), not MIG")
+        return 0, None
+    if memory:
+        mb = -(-memory // 2**20)
+        if not 0 < mb <= 10**7:
+            c.add(where, "must be between 1Mi and about 10Ti")
+            return 0, None
+        return mb, None
+    return 0, share
 
 
 def parse_signal(value: Any) -> str:
@@ -718,6 +791,9 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     convert(resources, "gpus", f"{p}spec.resources.gpus", parse_gpus, GpuRequest(None, 0))
     convert(resources, "cpus", f"{p}spec.resources.cpus", parse_cpus, 0)
     convert(resources, "memory", f"{p}spec.resources.memory", parse_memory, 0)
+    convert(resources, "gpuMemory", f"{p}spec.resources.gpuMemory", parse_memory, 0)
+    convert(resources, "gpuShare", f"{p}spec.resources.gpuShare", parse_share, None)
+    gpu_memory_mb, gpu_share = _gpu_fraction(c, values, f"{p}spec.resources")
     nodes = c.integer(resources.get("nodes"), f"{p}spec.resources.nodes", default=1, low=1, high=MAX_NODES)
     for key, limit in (("cpus", 10**9), ("memory", 2**62)):
         if not 0 <= values[key] <= limit:
@@ -748,6 +824,10 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     selector = c.string_map(
         placement.get("nodeSelector"), f"{p}spec.placement.nodeSelector", _LABEL_KEY, "label"
     )
+    topology = placement.get("topology") or ""
+    if topology not in ("", *TOPOLOGIES):
+        c.add(f"{p}spec.placement.topology", f"must be one of {', '.join(TOPOLOGIES)}")
+        topology = ""
 
     retries = c.integer(spec.get("retries"), f"{p}spec.retries", default=0, low=0, high=MAX_RETRIES)
     failover = spec.get("failover")
@@ -823,4 +903,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         preemption_signal=values["signal"],
         preemption_grace_s=grace,
         document=document,
+        gpu_memory_mb=gpu_memory_mb,
+        gpu_share=gpu_share,
+        topology=topology,
     )

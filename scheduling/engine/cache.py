@@ -15,6 +15,7 @@ rolls back, the cache is dropped and rebuilt.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -29,16 +30,28 @@ from django.contrib.auth import get_user_model
 from django.db.models import Max, Q, QuerySet
 
 from clusters.choices import ClusterState, GpuHealth, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, Node, NodeEvent
+from clusters.models import Cluster, GpuDevice, GpuModel, MigInstance, Node, NodeEvent
 from scheduling.choices import JobState
-from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView, Shape, Status
+from scheduling.engine.framework import (
+    ANY_MODEL,
+    NEVER,
+    NO_GPU,
+    UNKNOWN_SLICE,
+    WHOLE,
+    JobView,
+    NodeChoice,
+    Shape,
+    Status,
+)
 from scheduling.engine.queue import PendingQueue
-from scheduling.engine.snapshot import LimitBook, QuotaBook, Snapshot
+from scheduling.engine.snapshot import LimitBook, QuotaBook, SharedGpu, Snapshot
+from scheduling.engine.telemetry import load_telemetry
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
-HeldRow = tuple[int, int | None, int, int]  # an active allocation: node id, GPU id or None, cpu, memory
+# An active allocation: node id, GPU id or None, cpu, memory, MIG instance id or None, shared MiB.
+HeldRow = tuple[int, int | None, int, int, int | None, int]
 RATIO_ALPHA = 0.05  # how fast a queue's learned run-time/time-limit ratio follows new ends
 
 
@@ -79,6 +92,12 @@ class Held:
     counted: bool = True
     node_id: int = 0
     gpu_id: int | None = None
+    instance: int = 0  # a MIG instance of GPU ``gpu`` (its id), 0: none
+    share_mb: int = 0  # a fraction of the shareable GPU ``gpu`` (MiB), 0: none
+
+    @property
+    def whole_gpu(self) -> bool:
+        return self.gpu >= 0 and not self.instance and not self.share_mb
 
 
 class SchedulerCache:
@@ -92,6 +111,7 @@ class SchedulerCache:
         self.job_cursor = 0
         self.node_cursor = 0
         self.built_at = 0.0
+        self.telemetry_read = 0.0
         # class shape → ((reason, message), when finished, jobs, jobs told so far)
         self.explained: dict[Shape, tuple[tuple[str, str], float, int, int]] = {}
         # class shape → (snapshot, its version, Status, effects): a verdict holds while the
@@ -117,6 +137,12 @@ class SchedulerCache:
             self.rebuild()
         else:
             self.sync()
+            if (
+                self.snap is not None
+                and time.monotonic() - self.telemetry_read > settings.ORRERY_SCHEDULER_TELEMETRY_S
+            ):
+                load_telemetry(self.snap, time.time())
+                self.telemetry_read = time.monotonic()
         assert self.snap is not None
         return self.snap
 
@@ -158,46 +184,42 @@ class SchedulerCache:
         )
         n = len(nodes)
         row_of = {pk: i for i, (pk, *_rest) in enumerate(nodes)}
-        model = np.full(n, -1, dtype=np.int32)
-        gpu_total = np.zeros(n, dtype=np.int32)
-        free_bits = np.zeros(n, dtype=np.uint64)
-        gpu_ids: list[dict[int, int]] = [{} for _ in range(n)]
-        groups: list[dict[int, str]] = [{} for _ in range(n)]
-        for device_id, node_id, index, model_id, health, group in GpuDevice.objects.values_list(
-            "pk", "node_id", "index", "model_id", "health", "topology_group"
-        ):
-            row = row_of.get(node_id)
-            if row is None or index >= 64:
-                continue
-            gpu_ids[row][index] = device_id
-            if group:
-                groups[row][index] = group
-            if model[row] < 0 or index == 0:
-                model[row] = model_index[model_id]
-            if health == GpuHealth.HEALTHY:
-                gpu_total[row] += 1
-                free_bits[row] |= np.uint64(1 << index)
+        gpus = _read_gpus(row_of, model_index, n)
         snap = Snapshot(
             node_id=np.array([pk for pk, *_ in nodes], dtype=np.int64),
             cluster=np.array([cluster_index[c] for _, c, *_ in nodes], dtype=np.int32),
-            model=model,
+            model=gpus.model,
             ready=np.array(
                 [s == NodeState.READY and c in usable_clusters for _, c, s, *_ in nodes], dtype=bool
             ),
-            gpu_total=gpu_total,
-            gpu_free=gpu_total.copy(),
-            free_bits=free_bits,
+            gpu_total=gpus.total,
+            gpu_free=gpus.total.copy(),
+            free_bits=gpus.free_bits,
             cpu_free=np.array([cpu for *_, cpu, _, _, _ in nodes], dtype=np.int64),
             mem_free=np.array([mem for *_, mem, _, _ in nodes], dtype=np.int64),
             cluster_ids=[pk for pk, _, _ in clusters],
             cluster_names=[name for _, name, _ in clusters],
             model_ids=[pk for pk, _ in models],
             model_names=[slug for _, slug in models],
-            gpu_ids=gpu_ids,
-            groups=groups,
+            gpu_ids=gpus.ids,
+            groups=gpus.groups,
             labels=[labels or {} for *_, labels, _ in nodes],
             names=[name for *_, name in nodes],
+            gpu_mem=gpus.memory,
+            mig_profiles=gpus.profiles,
+            mig_all=gpus.instances,
+            mig_gpus=gpus.mig_gpus,
+            sick=gpus.sick,
+            shared=gpus.shared,
         )
+        gpu_ids = gpus.ids
+        for row in gpus.instances:
+            snap._recount_mig(row)
+        for row in gpus.shared:
+            snap._recount_shared(row)
+        _read_topology(snap, row_of)
+        load_telemetry(snap, time.time())
+        self.telemetry_read = time.monotonic()
         snap.quota = self._quota_book(model_index)
         snap.limits = LimitBook(*_queue_limits())
         snap.queue_names = {}
@@ -210,10 +232,8 @@ class SchedulerCache:
         self.snap, self.held, self.job_queue, self.limit_counted = snap, {}, {}, {}
         # What active allocations hold.
         held = defaultdict(list)
-        for job_id, node_id, gpu_id, cpu, memory in Allocation.objects.filter(active=True).values_list(
-            "job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"
-        ):
-            held[job_id].append((node_id, gpu_id, cpu, memory))
+        for job_id, *row in Allocation.objects.filter(active=True).values_list(*_HELD_FIELDS):
+            held[job_id].append(tuple(row))
         gpu_index = {dev: (row, idx) for row, ids in enumerate(gpu_ids) for idx, dev in ids.items()}
         job_info = {
             pk: rest
@@ -272,17 +292,25 @@ class SchedulerCache:
         assert snap is not None
         counted = []
         gpus = 0
-        for node_id, gpu_id, cpu, memory in rows:
+        for node_id, gpu_id, cpu, memory, instance, share_mb in rows:
             if gpu_id is not None:
                 row, index = gpu_index.get(gpu_id, (row_of.get(node_id), -1))
                 if row is None or index < 0:
+                    continue
+                gpus += 1
+                if instance:
+                    snap.take_instances(row, (instance,))
+                    counted.append(Held(row, index, 0, 0, node_id=node_id, gpu_id=gpu_id, instance=instance))
+                    continue
+                if share_mb and index in snap.shared.get(row, {}):
+                    snap.take_share(row, index, share_mb)
+                    counted.append(Held(row, index, 0, 0, node_id=node_id, gpu_id=gpu_id, share_mb=share_mb))
                     continue
                 free = bool(snap.free_bits[row] >> np.uint64(index) & np.uint64(1))
                 if free:
                     snap.take(row, (index,), 0, 0)
                 # an unhealthy GPU still held was never in the free count: nothing to take
                 counted.append(Held(row, index, 0, 0, counted=free, node_id=node_id, gpu_id=gpu_id))
-                gpus += 1
             else:
                 row = row_of.get(node_id)
                 if row is None:
@@ -380,7 +408,14 @@ class SchedulerCache:
             self.runs_version += 1
         gpus = 0
         for h in counted:
-            if h.gpu >= 0:
+            if h.instance:
+                snap.give_instances(h.row, (h.instance,))
+                gpus += 1
+            elif h.share_mb:
+                if h.gpu in snap.shared.get(h.row, {}):
+                    snap.give_share(h.row, h.gpu, h.share_mb)
+                gpus += 1
+            elif h.gpu >= 0:
                 if h.counted:
                     snap.give(h.row, (h.gpu,), 0, 0)
                 gpus += 1
@@ -458,32 +493,38 @@ class SchedulerCache:
 
     def _refresh_gpu_health(self, node_ids: set[int]) -> None:
         """Healthy GPUs of these nodes, from the database: a GPU turning unhealthy leaves the free
-        mask (if it is held, it stays held until its job ends); one turning healthy joins it."""
+        mask (if it is held, it stays held until its job ends); one turning healthy joins it.
+        A GPU in MIG mode is never whole-free: its health reaches its instances; a shareable
+        one's reaches its fractions."""
         snap = self.snap
         assert snap is not None
         healthy: dict[int, set[int]] = {snap.row_of[n]: set() for n in node_ids if n in snap.row_of}
+        sick: dict[int, set[int]] = {row: set() for row in healthy}
         for node_id, index, health in GpuDevice.objects.filter(node_id__in=list(node_ids)).values_list(
             "node_id", "index", "health"
         ):
             row = snap.row_of.get(node_id)
-            if row is not None and health == GpuHealth.HEALTHY and index < 64:
-                healthy[row].add(index)
+            if row is None or index >= 64:
+                continue
+            (healthy if health == GpuHealth.HEALTHY else sick)[row].add(index)
         held_by_row: dict[int, list[Held]] = defaultdict(list)
         for counted in self.held.values():
             for h in counted:
-                if h.gpu >= 0 and h.row in healthy:
+                if h.gpu >= 0 and not h.instance and h.row in healthy:
                     held_by_row[h.row].append(h)
         for row, indices in healthy.items():
+            snap.set_sick(row, sick[row])
+            whole = indices - snap.mig_gpus.get(row, set())
             held = held_by_row.get(row, [])
             for h in held:  # a held GPU is never free; it counts while healthy
-                h.counted = h.gpu in indices
+                h.counted = h.gpu in whole
             bits = 0
-            for i in indices - {h.gpu for h in held}:
+            for i in whole - {h.gpu for h in held}:
                 bits |= 1 << i
-            if int(snap.free_bits[row]) != bits or int(snap.gpu_total[row]) != len(indices):
+            if int(snap.free_bits[row]) != bits or int(snap.gpu_total[row]) != len(whole):
                 snap.free_bits[row] = np.uint64(bits)
                 snap.gpu_free[row] = bin(bits).count("1")
-                snap.gpu_total[row] = len(indices)
+                snap.gpu_total[row] = len(whole)
                 snap.changed.append(row)
 
     def refresh_jobs(self, job_ids: set[int]) -> None:
@@ -499,10 +540,10 @@ class SchedulerCache:
         assert snap is not None
         jobs = {j.pk: j for j in Job.objects.filter(pk__in=job_ids)}
         active = defaultdict(list)
-        for job_id, node_id, gpu_id, cpu, memory in Allocation.objects.filter(
-            job_id__in=job_ids, active=True
-        ).values_list("job_id", "node_id", "gpu_id", "cpu_millicores", "memory_bytes"):
-            active[job_id].append((node_id, gpu_id, cpu, memory))
+        for job_id, *row in Allocation.objects.filter(job_id__in=job_ids, active=True).values_list(
+            *_HELD_FIELDS
+        ):
+            active[job_id].append(tuple(row))
         for job_id, job in jobs.items():
             if job.state in _ENDED_ON_ITS_OWN and job.finished_at is not None:
                 self.note_end(job_id, job.finished_at.timestamp())
@@ -510,7 +551,7 @@ class SchedulerCache:
             counted = self.held.get(job_id)
             # Which rows, not how many: a job requeued and placed again by another process holds
             # as many GPUs as before, elsewhere.
-            held_now = {(n, g) for n, g, _, _ in active.get(job_id, [])}
+            held_now = {(n, g, i or 0, mb) for n, g, _, _, i, mb in active.get(job_id, [])}
             if counted is not None and _holding(counted) != held_now:
                 self._release(job_id)
         gpu_index = None
@@ -537,7 +578,7 @@ class SchedulerCache:
     def assume(
         self,
         job: JobView,
-        rows_and_indices: Iterable[tuple[int, tuple[int, ...]]],
+        choices: Iterable[NodeChoice],
         queue_id: int,
         now: float | None = None,
     ) -> None:
@@ -545,11 +586,35 @@ class SchedulerCache:
         snap = self.snap
         assert snap is not None
         counted = []
-        for row, indices in rows_and_indices:
-            snap.take(row, indices, job.cpu, job.memory)
+        for choice in choices:
+            row, indices = choice.row, choice.gpu_indices
             node_id = int(snap.node_id[row])
+            ids = snap.gpu_ids[row]
             counted.append(Held(row, -1, job.cpu, job.memory, node_id=node_id))
-            counted += [Held(row, i, 0, 0, node_id=node_id, gpu_id=snap.gpu_ids[row].get(i)) for i in indices]
+            if choice.instances:
+                snap.take(row, (), job.cpu, job.memory)
+                snap.take_instances(row, choice.instances)
+                counted += [
+                    Held(row, i, 0, 0, node_id=node_id, gpu_id=ids.get(i), instance=inst)
+                    for i, inst in zip(indices, choice.instances, strict=True)
+                ]
+            elif choice.share_mb:
+                snap.take(row, (), job.cpu, job.memory)
+                snap.take_share(row, indices[0], choice.share_mb)
+                counted.append(
+                    Held(
+                        row,
+                        indices[0],
+                        0,
+                        0,
+                        node_id=node_id,
+                        gpu_id=ids.get(indices[0]),
+                        share_mb=choice.share_mb,
+                    )
+                )
+            else:
+                snap.take(row, indices, job.cpu, job.memory)
+                counted += [Held(row, i, 0, 0, node_id=node_id, gpu_id=ids.get(i)) for i in indices]
         self.held[job.id] = counted
         self.job_queue[job.id] = (queue_id, job.model)
         if job.total_gpus and job.model >= 0:
@@ -610,6 +675,9 @@ class SchedulerCache:
             owner,
             array,
             throttle,
+            gpu_slice,
+            share_mb,
+            share,
         ) = row
         placement = placement or {}
         clusters = (
@@ -657,22 +725,149 @@ class SchedulerCache:
             per_user=snap.limits.limits_users(queue_id),
             array=array or 0,
             throttle=throttle if array and throttle else 0,
+            slice=snap.profile_index.get(gpu_slice, UNKNOWN_SLICE) if gpu_slice and gpus else WHOLE,
+            share_mb=share_mb or 0,
+            share_milli=math.ceil(share * 1000) if share else 0,
+            topology=str(placement.get("topology") or "") if nodes > 1 else "",
         )
+
+
+@dataclass
+class _Gpus:
+    """The fleet's GPUs as the snapshot holds them (``_read_gpus``)."""
+
+    model: np.ndarray
+    total: np.ndarray
+    free_bits: np.ndarray
+    memory: np.ndarray
+    ids: list[dict[int, int]]
+    groups: list[dict[int, str]]
+    profiles: list[str]
+    instances: dict[int, list[tuple[int, int, int]]]
+    mig_gpus: dict[int, set[int]]
+    sick: dict[int, set[int]]
+    shared: dict[int, dict[int, SharedGpu]]
+
+
+def _read_gpus(row_of: dict[int, int], model_index: dict[int, int], n: int) -> _Gpus:
+    """Every GPU and MIG instance, in two reads: whole GPUs into the free mask, GPUs in MIG mode
+    as their instances, shareable GPUs also as fractions."""
+    gpus = _Gpus(
+        model=np.full(n, -1, dtype=np.int32),
+        total=np.zeros(n, dtype=np.int32),
+        free_bits=np.zeros(n, dtype=np.uint64),
+        memory=np.zeros(n, dtype=np.int32),
+        ids=[{} for _ in range(n)],
+        groups=[{} for _ in range(n)],
+        profiles=[],
+        instances={},
+        mig_gpus={},
+        sick={},
+        shared={},
+    )
+    parents: dict[int, tuple[int, int]] = {}  # GPU id in MIG mode → (row, index)
+    for (
+        device_id,
+        node_id,
+        index,
+        model_id,
+        health,
+        group,
+        mig,
+        shareable,
+        memory_mb,
+    ) in GpuDevice.objects.values_list(
+        "pk",
+        "node_id",
+        "index",
+        "model_id",
+        "health",
+        "topology_group",
+        "mig_enabled",
+        "shareable",
+        "memory_mb",
+    ):
+        row = row_of.get(node_id)
+        if row is None or index >= 64:
+            continue
+        gpus.ids[row][index] = device_id
+        if group:
+            gpus.groups[row][index] = group
+        if gpus.model[row] < 0 or index == 0:
+            gpus.model[row] = model_index[model_id]
+        gpus.memory[row] = max(int(gpus.memory[row]), memory_mb)
+        healthy = health == GpuHealth.HEALTHY
+        if not healthy and (mig or shareable):
+            gpus.sick.setdefault(row, set()).add(index)
+        if mig:
+            gpus.mig_gpus.setdefault(row, set()).add(index)
+            parents[device_id] = (row, index)
+            continue
+        if shareable:
+            gpus.shared.setdefault(row, {})[index] = SharedGpu(memory_mb, healthy=healthy)
+        if healthy:
+            gpus.total[row] += 1
+            gpus.free_bits[row] |= np.uint64(1 << index)
+    if parents:
+        found = [
+            (inst, parents[gpu_id], profile)
+            for inst, gpu_id, profile in MigInstance.objects.values_list("pk", "gpu_id", "profile")
+            if gpu_id in parents
+        ]
+        gpus.profiles = sorted({profile for *_, profile in found})
+        index_of = {p: i for i, p in enumerate(gpus.profiles)}
+        for inst, (row, gpu), profile in found:
+            gpus.instances.setdefault(row, []).append((inst, index_of[profile], gpu))
+    return gpus
+
+
+def _read_topology(snap: Snapshot, row_of: dict[int, int]) -> None:
+    """Each node's block for topology-aware gangs: its switch, else its rack (labels
+    ``topology.orrery.io/switch`` and ``…/rack`` stand in for empty fields)."""
+    names: dict[str, int] = {}
+    for pk, switch, rack, labels in Node.objects.values_list("pk", "switch", "rack", "labels"):
+        labels = labels or {}
+        name = (
+            f"switch {switch or labels.get(SWITCH_LABEL, '')}"
+            if switch or labels.get(SWITCH_LABEL)
+            else f"rack {rack or labels.get(RACK_LABEL, '')}"
+            if rack or labels.get(RACK_LABEL)
+            else ""
+        )
+        row = row_of.get(pk)
+        if name and row is not None:
+            snap.block[row] = names.setdefault(name, len(names))
+    snap.block_names = list(names)
+
+
+SWITCH_LABEL = "topology.orrery.io/switch"
+RACK_LABEL = "topology.orrery.io/rack"
 
 
 def _rows_of(counted: list[Held]) -> tuple[tuple[int, int], ...]:
     """(row, GPUs held there) of one job, for backfill's timeline."""
     gpus: dict[int, int] = {}
     for h in counted:
-        gpus[h.row] = gpus.get(h.row, 0) + (1 if h.gpu >= 0 and h.counted else 0)
+        gpus[h.row] = gpus.get(h.row, 0) + (1 if h.whole_gpu and h.counted else 0)
     return tuple(gpus.items())
 
 
 _ENDED_ON_ITS_OWN = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT})
 
 
-def _holding(counted: list[Held]) -> set[tuple[int, int | None]]:
-    return {(h.node_id, h.gpu_id if h.gpu >= 0 else None) for h in counted}
+def _holding(counted: list[Held]) -> set[tuple[int, int | None, int, int]]:
+    return {(h.node_id, h.gpu_id if h.gpu >= 0 else None, h.instance, h.share_mb) for h in counted}
+
+
+_HELD_FIELDS = (
+    "job_id",
+    "node_id",
+    "gpu_id",
+    "cpu_millicores",
+    "memory_bytes",
+    "mig_instance_id",
+    "gpu_memory_mb",
+)
 
 
 _VIEW_FIELDS = (
@@ -694,6 +889,9 @@ _VIEW_FIELDS = (
     "owner_id",
     "array_id",
     "array_throttle",
+    "gpu_slice",
+    "gpu_memory_mb",
+    "gpu_share",
 )
 
 

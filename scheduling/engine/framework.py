@@ -50,7 +50,8 @@ OK = Status()
 # What makes jobs interchangeable to every filter (``JobView.shape``): queue, nodes, GPUs per
 # node, model, cpu, memory, allowed clusters, node selector, time limit (backfill compares it
 # with reservations), the models an any-model job accepts, and what limits count it against:
-# (its owner where its queue limits users, its array where the array is throttled; else 0).
+# (its owner where its queue limits users, its array where the array is throttled; else 0), and
+# how it takes GPUs (MIG profile, shared memory, shared fraction, a gang's topology).
 # Jobs of one shape form one class.
 Shape = tuple[
     int,
@@ -64,8 +65,12 @@ Shape = tuple[
     float,
     tuple[int, ...],
     tuple[int, int],
+    tuple[int, int, int, str],
 ]
 NO_GPU = -1  # JobView.model of a job that asks for no GPU
+WHOLE = -1  # JobView.slice of a job that takes whole GPUs (or a fraction of a shared one)
+UNKNOWN_SLICE = -2  # JobView.slice of a job asking for a MIG profile no GPU of the fleet has
+TOPOLOGY_REQUIRED, TOPOLOGY_PREFERRED = "required", "preferred"  # a gang's placement.topology
 ANY_MODEL = -2  # JobView.model of a job that takes any of ``models``, in that order
 NEVER = float("inf")  # the end of a job without a time limit
 
@@ -95,10 +100,24 @@ class JobView:
     per_user: bool = False  # its queue limits running jobs or GPUs per user (``user_limits``)
     array: int = 0  # the array it is a member of (``Job.array_id``); 0: none
     throttle: int = 0  # at most this many members of ``array`` hold resources at once; 0: no cap
+    slice: int = WHOLE  # a MIG profile (index into ``Snapshot.mig_profiles``): ``gpus`` instances of it
+    share_mb: int = 0  # one fraction of a shareable GPU per node, by memory (MiB) …
+    share_milli: int = 0  # … or by share of the GPU (thousandths)
+    topology: str = ""  # a gang's "required" or "preferred" keeping to one switch or rack
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus
+
+    @property
+    def shared(self) -> bool:
+        """It takes a fraction of a shareable GPU on each node."""
+        return bool(self.share_mb or self.share_milli)
+
+    @property
+    def fractional(self) -> bool:
+        """It takes less than whole GPUs (MIG instances or a shared fraction)."""
+        return self.slice != WHOLE or self.shared
 
     def as_model(self, model: int) -> JobView:
         """This job asking for ``model`` exactly: how an any-model job is tried, one model at a time."""
@@ -120,13 +139,20 @@ class JobView:
             # Limits count per owner and per array: jobs of two owners (or arrays) are
             # interchangeable only where no limit tells them apart — classes split only there.
             (self.owner if self.per_user else 0, self.array if self.throttle else 0),
+            (self.slice, self.share_mb, self.share_milli, self.topology),
         )
 
 
 @dataclass(frozen=True)
 class NodeChoice:
+    """One node of a placement: the GPU indices it takes there. A MIG job's ``instances`` are
+    the MIG instance ids (``gpu_indices`` then name their parent GPUs, one per instance); a
+    shared-GPU job's ``share_mb`` is the memory it takes of ``gpu_indices[0]``."""
+
     row: int
     gpu_indices: tuple[int, ...]
+    instances: tuple[int, ...] = ()
+    share_mb: int = 0
 
 
 @dataclass(frozen=True)

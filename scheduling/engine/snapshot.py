@@ -3,6 +3,18 @@
 Free GPUs are both a count (``gpu_free``) and a bitmask of free, healthy indices
 (``free_bits``), so a decision names exact GPU indices. ``take``/``give`` change one row and
 log it, so a class's filter mask can be brought up to date by re-checking only changed rows.
+
+Smaller than whole GPUs (``docs/scheduling-policies.md``, fine-grained GPUs):
+
+* **MIG**: a GPU in MIG mode is never handed out whole (it is in neither ``gpu_total`` nor
+  ``free_bits``); its instances are counted per row and profile in ``mig_free`` (rows × the
+  fleet's profiles), so a MIG job's filter is one column compare. Which instances are free is
+  kept per row (``mig_all`` less ``mig_held``), touched only when a row changes.
+* **Shared GPUs**: a GPU an operator marked shareable is whole-free (in ``free_bits``) while
+  nothing of it is shared out; once a fraction is handed out it leaves ``free_bits`` and only
+  fractions fit until the last one is given back. ``share_free`` is, per row, the most memory
+  one shareable GPU can still give: what is not handed out *and* not in use by the telemetry
+  (a job that uses more than it asked for is not given a neighbour that would not fit).
 """
 
 from __future__ import annotations
@@ -88,6 +100,23 @@ class LimitBook:
         return self.owners.get(owner) or f"user {owner}"
 
 
+@dataclass
+class SharedGpu:
+    """A shareable GPU as the scheduler counts it: memory (MiB) handed out in fractions, in use
+    per fresh telemetry, and whether one job holds it whole."""
+
+    memory: int
+    used: int = 0
+    actual: int = 0
+    whole: bool = False
+    healthy: bool = True
+
+    def free(self) -> int:
+        if self.whole or not self.healthy:
+            return 0
+        return max(self.memory - max(self.used, self.actual), 0)
+
+
 def _bump(counts: dict[Any, int], key: Any, by: int) -> None:
     value = counts.get(key, 0) + by
     if value:
@@ -121,12 +150,55 @@ class Snapshot:
     queue_models: dict[int, tuple[int, ...]] = field(default_factory=dict)  # any-model order per queue
     changed: list[int] = field(default_factory=list)
     _label_masks: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    # Fine-grained GPUs (see the module's docstring).
+    gpu_mem: np.ndarray | None = None  # int32 MiB of one of the row's GPUs; 0 without GPUs
+    mig_profiles: list[str] = field(default_factory=list)  # the fleet's MIG profiles ("1g.10gb")
+    mig_free: np.ndarray | None = None  # int16 rows × profiles: free instances
+    mig_total: np.ndarray | None = None  # int16 rows × profiles: instances of healthy GPUs
+    mig_all: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # row → (id, profile, GPU)
+    mig_held: set[int] = field(default_factory=set)  # instance ids held
+    mig_gpus: dict[int, set[int]] = field(default_factory=dict)  # row → GPU indices in MIG mode
+    sick: dict[int, set[int]] = field(default_factory=dict)  # row → unhealthy GPU indices (MIG, shared)
+    shared: dict[int, dict[int, SharedGpu]] = field(default_factory=dict)  # row → index → shareable GPU
+    share_free: np.ndarray | None = None  # int32 MiB: the most one shareable GPU of the row can give
+    share_cap: np.ndarray | None = None  # int32 MiB: the largest shareable GPU of the row
+    # Topology: the block (switch, else rack) each row is under, -1 unknown; gangs that ask keep
+    # to one block.
+    block: np.ndarray | None = None  # int32 index into block_names
+    block_names: list[str] = field(default_factory=list)
+    # Telemetry, exponential averages (``scheduling.engine.telemetry``); NaN where unknown, and
+    # ``telemetry_at`` (epoch seconds, 0 never) says how fresh.
+    util: np.ndarray | None = None  # float32 percent: mean GPU utilisation of the row
+    mem_used: np.ndarray | None = None  # float32 fraction of the row's GPU memory in use
+    temp: np.ndarray | None = None  # float32 °C: the row's hottest GPU
+    telemetry_at: np.ndarray | None = None  # float64
+    # Energy: per row, its GPU model's relative throughput per watt (0 unknown) and its
+    # cluster's price per kWh and carbon intensity (g/kWh), NaN unknown.
+    perf_per_watt: np.ndarray | None = None  # float32
+    price: np.ndarray | None = None  # float32
+    carbon: np.ndarray | None = None  # float32
 
     def __post_init__(self) -> None:
-        self.row_of = {int(n): i for i, n in enumerate(self.node_id)}
+        n = len(self.node_id)
+        self.row_of = {int(nid): i for i, nid in enumerate(self.node_id)}
         self.model_index = {m: i for i, m in enumerate(self.model_ids)}
         self.cluster_index = {c: i for i, c in enumerate(self.cluster_ids)}
-        self.all_rows = np.arange(len(self.node_id))
+        self.profile_index = {p: i for i, p in enumerate(self.mig_profiles)}
+        self.all_rows = np.arange(n)
+        ints = {"gpu_mem": np.int32, "share_free": np.int32, "share_cap": np.int32}
+        for name, dtype in ints.items():
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(n, dtype=dtype))
+        for name in ("mig_free", "mig_total"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros((n, len(self.mig_profiles)), dtype=np.int16))
+        if self.block is None:
+            self.block = np.full(n, -1, dtype=np.int32)
+        for name in ("util", "mem_used", "temp", "perf_per_watt", "price", "carbon"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, np.nan, dtype=np.float32))
+        if self.telemetry_at is None:
+            self.telemetry_at = np.zeros(n, dtype=np.float64)
 
     def __len__(self) -> int:
         return len(self.node_id)
@@ -146,6 +218,7 @@ class Snapshot:
         self.gpu_free[row] -= len(indices)
         self.cpu_free[row] -= cpu
         self.mem_free[row] -= memory
+        self._whole(row, indices, True)
         self.changed.append(row)
 
     def give(self, row: int, indices: tuple[int, ...], cpu: int, memory: int) -> None:
@@ -154,6 +227,119 @@ class Snapshot:
         self.gpu_free[row] += len(indices)
         self.cpu_free[row] += cpu
         self.mem_free[row] += memory
+        self._whole(row, indices, False)
+        self.changed.append(row)
+
+    def _whole(self, row: int, indices: tuple[int, ...], held: bool) -> None:
+        """A shareable GPU held whole gives no fractions (and is given back whole)."""
+        shared = self.shared.get(row)
+        if shared and any(i in shared for i in indices):
+            for i in indices:
+                if i in shared:
+                    shared[i].whole = held
+            self._recount_shared(row)
+
+    # --- MIG instances --------------------------------------------------------------------
+    def take_instances(self, row: int, instances: tuple[int, ...]) -> None:
+        self.mig_held.update(instances)
+        self._recount_mig(row)
+        self.changed.append(row)
+
+    def give_instances(self, row: int, instances: tuple[int, ...]) -> None:
+        self.mig_held.difference_update(instances)
+        self._recount_mig(row)
+        self.changed.append(row)
+
+    def free_instances(self, row: int, profile: int) -> list[tuple[int, int]]:
+        """(instance id, GPU index) of the row's free instances of ``profile``."""
+        sick = self.sick.get(row, ())
+        return [
+            (inst, gpu)
+            for inst, p, gpu in self.mig_all.get(row, ())
+            if p == profile and inst not in self.mig_held and gpu not in sick
+        ]
+
+    def choose_instances(self, row: int, profile: int, count: int) -> tuple[tuple[int, int], ...]:
+        """``count`` free instances of ``profile``: from the GPUs with the fewest free instances
+        first, so partly used GPUs fill up and whole GPUs' layouts stay free."""
+        free = self.free_instances(row, profile)
+        left: dict[int, int] = {}
+        for _, gpu in free:
+            left[gpu] = left.get(gpu, 0) + 1
+        return tuple(sorted(free, key=lambda f: (left[f[1]], f[1], f[0]))[:count])
+
+    def _recount_mig(self, row: int) -> None:
+        free = np.zeros(len(self.mig_profiles), dtype=np.int16)
+        total = np.zeros(len(self.mig_profiles), dtype=np.int16)
+        sick = self.sick.get(row, ())
+        for inst, p, gpu in self.mig_all.get(row, ()):
+            if gpu in sick:
+                continue
+            total[p] += 1
+            if inst not in self.mig_held:
+                free[p] += 1
+        self.mig_free[row] = free
+        self.mig_total[row] = total
+
+    # --- shared GPUs ----------------------------------------------------------------------
+    def share_need(self, job: Any, rows: np.ndarray) -> np.ndarray:
+        """MiB a shared-GPU job needs on each of ``rows``: what it asked for by memory, or its
+        share of the row's GPU memory (rounded up)."""
+        need = np.full(len(rows), job.share_mb, dtype=np.int64)
+        if job.share_milli:
+            by_share = (self.gpu_mem[rows].astype(np.int64) * job.share_milli + 999) // 1000
+            need = np.maximum(need, by_share)
+        return need
+
+    def choose_share(self, row: int, need: int) -> int | None:
+        """The shareable GPU of the row to give ``need`` MiB from: the one that fits it most
+        tightly (best fit keeps the roomiest GPUs for larger fractions); None if none fits."""
+        fits = [(g.free(), i) for i, g in self.shared.get(row, {}).items() if g.free() >= need]
+        return min(fits)[1] if fits else None
+
+    def take_share(self, row: int, index: int, mb: int) -> None:
+        gpu = self.shared[row][index]
+        if not gpu.used and not gpu.whole and self.free_bits[row] >> np.uint64(index) & np.uint64(1):
+            self.free_bits[row] &= ~np.uint64(1 << index)  # shared out: no longer whole-free
+            self.gpu_free[row] -= 1
+        gpu.used += mb
+        self._recount_shared(row)
+        self.changed.append(row)
+
+    def give_share(self, row: int, index: int, mb: int) -> None:
+        gpu = self.shared[row][index]
+        gpu.used = max(gpu.used - mb, 0)
+        if not gpu.used and gpu.healthy and not gpu.whole:
+            self.free_bits[row] |= np.uint64(1 << index)
+            self.gpu_free[row] += 1
+        self._recount_shared(row)
+        self.changed.append(row)
+
+    def set_actual(self, row: int, index: int, mb: int) -> None:
+        """Memory in use on a shareable GPU per fresh telemetry (0: unknown or stale)."""
+        gpu = self.shared.get(row, {}).get(index)
+        if gpu is not None and gpu.actual != mb:
+            gpu.actual = mb
+            self._recount_shared(row)
+            self.changed.append(row)
+
+    def _recount_shared(self, row: int) -> None:
+        gpus = self.shared.get(row, {})
+        self.share_free[row] = max((g.free() for g in gpus.values()), default=0)
+        self.share_cap[row] = max((g.memory for g in gpus.values() if g.healthy), default=0)
+
+    def set_sick(self, row: int, indices: set[int]) -> None:
+        """The row's unhealthy GPUs, for MIG instances and shareable GPUs (whole GPUs' health is
+        ``free_bits``)."""
+        if self.sick.get(row, set()) == indices:
+            return
+        self.sick[row] = indices
+        for i, gpu in self.shared.get(row, {}).items():
+            gpu.healthy = i not in indices
+        if row in self.mig_all:
+            self._recount_mig(row)
+        if row in self.shared:
+            self._recount_shared(row)
         self.changed.append(row)
 
     def set_ready(self, row: int, ready: bool) -> None:

@@ -66,6 +66,9 @@ class JobRequest:
     array_throttle: int | None = None
     array_first: bool = False  # the first member of an array: those after it, up to the next, are its
     dependency: tuple[tuple[str, str], ...] = ()  # as in JobSpec.dependency, unresolved
+    gpu_slice: str = ""  # a MIG profile (``gpus_per_node`` instances of it)
+    gpu_memory_mb: int = 0  # a fraction of a shareable GPU, by memory …
+    gpu_share: float | None = None  # … or by share
 
     def digest(self) -> str:
         """A stable hash of what was asked, to tell a retry from a different request. Secret
@@ -202,6 +205,9 @@ def _new_job(
         nodes=request.nodes,
         gpu_model=request.gpu_model,
         gpus_per_node=request.gpus_per_node,
+        gpu_slice=request.gpu_slice,
+        gpu_memory_mb=request.gpu_memory_mb,
+        gpu_share=request.gpu_share,
         cpu_millicores_per_node=request.cpu_millicores_per_node,
         memory_bytes_per_node=request.memory_bytes_per_node,
         time_limit_s=request.time_limit_s,

@@ -4,11 +4,12 @@ queue?) is decided by the caller; this module only checks that the names exist a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from clusters.adapters.registry import ADAPTERS, adapter_for
 from clusters.models import Cluster, GpuModel, Node
-from clusters.selectors import gpu_capacity_histogram, resolve_gpu_model
+from clusters.selectors import gpu_capacity_histogram, mig_capacity, resolve_gpu_model, shareable_memory_mb
 from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
 from scheduling.services import budgets
@@ -71,12 +72,17 @@ def build_requests(
     normalised["placement"]["clusters"] = clusters
     normalised["placement"]["nodeSelector"] = selector
     placement: dict[str, Any] = {"clusters": clusters, "nodeSelector": selector}
+    if spec.topology:
+        placement["topology"] = normalised["placement"]["topology"] = spec.topology
     if spec.gpus.any_model:
         placement["gpuModels"] = slugs  # best first; empty: any model, in the queue's order
     base = dict(
         queue=queue,
         gpu_model=gpu_model,
         gpus_per_node=spec.gpus.count,
+        gpu_slice=spec.gpus.mig,
+        gpu_memory_mb=spec.gpu_memory_mb,
+        gpu_share=spec.gpu_share,
         nodes=spec.nodes,
         cpu_millicores_per_node=spec.cpu_millicores,
         memory_bytes_per_node=spec.memory_bytes,
@@ -150,6 +156,8 @@ def resolve_gpus(
         gpu_model = lookup(spec.gpus.model or "")
         if gpu_model is None:
             return None, [], [(where, f"unknown GPU model '{spec.gpus.model}'")]
+        if spec.gpus.mig or spec.gpu_memory_mb or spec.gpu_share:
+            return gpu_model, [], _fraction_refusals(spec, gpu_model, path)
         fits = _nodes_that_fit(gpu_model, spec.gpus.count)
         if fits >= spec.nodes:
             return gpu_model, [], []
@@ -184,6 +192,34 @@ def resolve_gpus(
         )
         errors.append((where, why))
     return None, allowed, errors
+
+
+def _fraction_refusals(spec: JobSpec, gpu_model: GpuModel, path: str) -> list[tuple[str, str]]:
+    """A request smaller than whole GPUs that no GPU of the fleet could ever hold: a MIG profile
+    no node has ``count`` instances of, a fraction larger than every shareable GPU of the model."""
+    p = f"{path}." if path else ""
+    if spec.gpus.mig:
+        most = mig_capacity(gpu_model.pk, spec.gpus.mig)
+        if most >= spec.gpus.count:
+            return []
+        return [
+            (
+                f"{p}spec.resources.gpus",
+                f"{spec.gpus.count} MIG {spec.gpus.mig} instance(s) of {gpu_model.slug} on one node can "
+                f"never run: the most any node has is {most} (an operator sets GPUs' MIG layouts)",
+            )
+        ]
+    largest = shareable_memory_mb(gpu_model.pk)
+    need = spec.gpu_memory_mb or math.ceil((spec.gpu_share or 0) * largest)
+    if largest and need <= largest:
+        return []
+    field = "gpuMemory" if spec.gpu_memory_mb else "gpuShare"
+    why = (
+        f"no {gpu_model.slug} is offered in fractions (an operator marks GPUs shareable)"
+        if not largest
+        else f"{need} MiB is more than the largest shareable {gpu_model.slug} has ({largest} MiB)"
+    )
+    return [(f"{p}spec.resources.{field}", why)]
 
 
 def _nodes_that_fit(gpu_model: GpuModel, count: int) -> int:
@@ -321,6 +357,13 @@ def normalised_spec(
     gpus: dict[str, Any] = {"model": gpu_model, "count": spec.gpus.count}
     if spec.gpus.any_model:
         gpus = {"model": None, "models": list(gpu_models or []), "count": spec.gpus.count}
+    if spec.gpus.mig:
+        gpus["mig"] = spec.gpus.mig
+    fraction: dict[str, Any] = {}
+    if spec.gpu_memory_mb:
+        fraction["gpuMemoryMiB"] = spec.gpu_memory_mb
+    if spec.gpu_share is not None:
+        fraction["gpuShare"] = spec.gpu_share
     return {
         "apiVersion": "orrery/v1",
         "kind": "Job",
@@ -332,6 +375,7 @@ def normalised_spec(
             "gpus": gpus,
             "cpuMillicores": spec.cpu_millicores,
             "memoryBytes": spec.memory_bytes,
+            **fraction,
         },
         "timeLimitSeconds": spec.time_limit_s,
         "run": spec.run,
@@ -340,7 +384,8 @@ def normalised_spec(
         "env": spec.env,
         "secretEnv": sorted(spec.secret_env),  # names only: the values are sealed on the job
         "workdir": spec.workdir,
-        "placement": {"clusters": spec.clusters, "nodeSelector": spec.node_selector},
+        "placement": {"clusters": spec.clusters, "nodeSelector": spec.node_selector}
+        | ({"topology": spec.topology} if spec.topology else {}),
         "retries": spec.retries,
         "failover": spec.failover,
         "sim": {"durationSeconds": spec.sim_duration_s, "exitCode": spec.sim_exit_code},

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from scheduling.choices import PreemptWithinQueue, ReclaimWithinCohort
 from scheduling.engine.cycle.decide import Decided
-from scheduling.engine.framework import ANY_MODEL, NEVER, JobView
+from scheduling.engine.framework import ANY_MODEL, NEVER, JobView, NodeChoice
 from scheduling.engine.plugins.preemption import Preemption
 from scheduling.engine.plugins.quota import Quota
 from scheduling.engine.policies import DEFAULT_PROFILE, Profile, build_profile
@@ -157,7 +157,9 @@ def worlds(
                 preemptible=pre,
                 submitted=NOW - age,
             )
-            world.cache.assume(filler, [(row, snap.choose_gpus(row, filler.gpus))], q, now=NOW - age)
+            world.cache.assume(
+                filler, [NodeChoice(row, snap.choose_gpus(row, filler.gpus))], q, now=NOW - age
+            )
             world.running[filler.id] = filler
     for job_id, checkpointed, draining in draw(
         st.lists(st.tuples(st.sampled_from(sorted(world.running) or [0]), st.booleans(), st.booleans()))

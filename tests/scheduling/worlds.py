@@ -18,7 +18,7 @@ import numpy as np
 from scheduling.choices import PreemptWithinQueue, ReclaimWithinCohort
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle.decide import Decided, decide
-from scheduling.engine.framework import ANY_MODEL, NEVER, JobView
+from scheduling.engine.framework import ANY_MODEL, NEVER, JobView, NodeChoice
 from scheduling.engine.policies import DEFAULT_PROFILE, Profile, build_profile
 from scheduling.engine.queue import PendingQueue
 from scheduling.engine.snapshot import Snapshot
@@ -110,7 +110,9 @@ class World:
         snap = self.snap
         rows = first_fit(snap, job) if rows is None else list(rows)
         assert rows is not None, f"job {job.id} fits nowhere"
-        self.cache.assume(job, [(r, snap.choose_gpus(r, job.gpus)) for r in rows], job.queue_id, now=at)
+        self.cache.assume(
+            job, [NodeChoice(r, snap.choose_gpus(r, job.gpus)) for r in rows], job.queue_id, now=at
+        )
         self.running[job.id] = job
 
     def stop(self, *job_ids: int) -> None:

@@ -17,9 +17,10 @@ from django.utils import timezone
 
 from foundation.live import publish_on_commit
 from foundation.sql import NULL, TRUE, bulk_insert, copy_escape, is_postgresql, pg_array
+from foundation.units import memory_text
 from scheduling.choices import AttemptState, EventKind, JobState
 from scheduling.dispatch.desired import forget_desired
-from scheduling.engine.framework import JobView, Placement
+from scheduling.engine.framework import JobView, NodeChoice, Placement
 from scheduling.engine.snapshot import Snapshot
 from scheduling.events import JobsScheduled
 from scheduling.metrics import PREEMPTIONS
@@ -58,11 +59,20 @@ def commit(
         where = []
         for choice in d.nodes:
             node_id = int(snap.node_id[choice.row])
-            allocations.append((attempt, job.id, node_id, null, job.cpu, job.memory, yes, at))
+            allocations.append((attempt, job.id, node_id, null, null, 0, job.cpu, job.memory, yes, at))
             gpu_ids = snap.gpu_ids[choice.row]
-            for i in choice.gpu_indices:
-                allocations.append((attempt, job.id, node_id, gpu_ids[i], 0, 0, yes, at))
-            where.append(f"{snap.names[choice.row]}[{','.join(map(str, choice.gpu_indices))}]")
+            if choice.instances:  # MIG instances, each under its parent GPU
+                for i, instance in zip(choice.gpu_indices, choice.instances, strict=True):
+                    allocations.append((attempt, job.id, node_id, gpu_ids[i], instance, 0, 0, 0, yes, at))
+            elif choice.share_mb:  # a fraction of a shared GPU
+                i = choice.gpu_indices[0]
+                allocations.append(
+                    (attempt, job.id, node_id, gpu_ids[i], null, choice.share_mb, 0, 0, yes, at)
+                )
+            else:
+                for i in choice.gpu_indices:
+                    allocations.append((attempt, job.id, node_id, gpu_ids[i], null, 0, 0, 0, yes, at))
+            where.append(f"{snap.names[choice.row]}[{_held_text(snap, d.job, choice)}]")
         message = copy_escape(f"placed on {snap.cluster_names[d.cluster]}: {' '.join(where)} (epoch {epoch})")
         events.append(
             (job.id, attempt, at, EventKind.TRANSITION, JobState.PENDING, JobState.SCHEDULED, "", message)
@@ -97,6 +107,8 @@ def commit(
                 "job_id",
                 "node_id",
                 "gpu_id",
+                "mig_instance_id",
+                "gpu_memory_mb",
                 "cpu_millicores",
                 "memory_bytes",
                 "active",
@@ -123,6 +135,17 @@ def commit(
     for project_id, ids in by_project.items():
         publish_on_commit([f"project.{project_id}"], JobsScheduled(project_id, ids[:100], len(ids), epoch))
     return placed, lost, [uuid.UUID(row[0]) for row in attempts]
+
+
+def _held_text(snap: Snapshot, job: JobView, choice: NodeChoice) -> str:
+    """GPU indices as the event says them: ``0,1``; ``0:1g.10gb,0:1g.10gb`` for MIG
+    instances; ``2:20 GiB`` for a fraction of a shared GPU."""
+    if choice.instances:
+        profile = snap.mig_profiles[job.slice]
+        return ",".join(f"{i}:{profile}" for i in choice.gpu_indices)
+    if choice.share_mb:
+        return f"{choice.gpu_indices[0]}:{memory_text(choice.share_mb * 2**20)}"
+    return ",".join(map(str, choice.gpu_indices))
 
 
 def _claim(jobs: list[JobView], models: list[int | None]) -> set[int]:

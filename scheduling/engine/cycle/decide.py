@@ -22,6 +22,7 @@ from scheduling.choices import PendingReason
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.framework import (
     ANY_MODEL,
+    TOPOLOGY_REQUIRED,
     Code,
     CycleState,
     JobView,
@@ -154,8 +155,14 @@ def decide(
         if status is not None:
             state.data["why"] = status
             preempting = len(state.data.get("preemptions", ()))
-            # A limit is not a shortage: no room is made or held for a job its limits refuse.
-            effects = _post_filter(profile, state, snap, tried) if status.code != Code.UNRESOLVABLE else []
+            # A limit is not a shortage: no room is made or held for a job its limits refuse. Nor,
+            # yet, for a job taking less than whole GPUs: preemption and reservations count whole
+            # GPUs (docs/scheduling-policies.md says so).
+            effects = (
+                _post_filter(profile, state, snap, tried)
+                if status.code != Code.UNRESOLVABLE and not job.fractional
+                else []
+            )
             if effects:
                 state.data["signature"] = hash((state.data["signature"], job.id))
             status = _with_words(status, state.data.pop("post_words", ""))
@@ -222,7 +229,7 @@ def _assume(
 ) -> None:
     """Count a decision in the cache at once (later decisions of the cycle see it) and keep it."""
     job = placement.job
-    cache.assume(job, [(c.row, c.gpu_indices) for c in placement.nodes], job.queue_id, now=state.data["now"])
+    cache.assume(job, placement.nodes, job.queue_id, now=state.data["now"])
     state.data["runs_version"] = cache.runs_version
     decisions.append(placement)
 
@@ -309,7 +316,12 @@ def static_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobVie
     """The rows that could take ``job`` once enough of their GPUs are free: every filter that
     does not depend on free capacity, and enough healthy GPUs in all."""
     rows = snap.all_rows
-    mask = snap.gpu_total >= job.gpus
+    if job.slice >= 0:
+        mask = snap.mig_total[:, job.slice] >= job.gpus
+    elif job.shared:
+        mask = snap.share_cap >= snap.share_need(job, rows)
+    else:
+        mask = snap.gpu_total >= job.gpus
     for plugin in profile.filter:
         if not getattr(plugin, "capacity", False):
             mask &= plugin.filter(state, snap, job, rows)
@@ -374,21 +386,58 @@ def select(
         row = int(rows[int(np.argmax(scores))])
         chosen = [row]
     else:
-        chosen = []
-        best_total = -np.inf
-        clusters = snap.cluster[rows]
-        for cluster in np.unique(clusters):
-            in_cluster = np.flatnonzero(clusters == cluster)
-            if len(in_cluster) < job.nodes:
-                continue
-            top = in_cluster[np.argsort(-scores[in_cluster], kind="stable")[: job.nodes]]
-            total = float(scores[top].sum())
-            if total > best_total:
-                best_total, chosen = total, [int(r) for r in rows[top]]
+        chosen = _gang(snap, job, rows, scores)
         if not chosen:
             return None
-    nodes = tuple(NodeChoice(row, snap.choose_gpus(row, job.gpus)) for row in chosen)
+    nodes = tuple(_choose(snap, job, row) for row in chosen)
     return Placement(job, int(snap.cluster[chosen[0]]), nodes)
+
+
+def _gang(snap: Snapshot, job: JobView, rows: np.ndarray, scores: np.ndarray) -> list[int]:
+    """The best ``job.nodes`` rows of one cluster, by total score — under one switch or rack
+    when the job asks for topology and some block holds enough (``required``: only then)."""
+    groups = snap.cluster[rows].astype(np.int64)
+    if job.topology:
+        blocks = snap.block[rows].astype(np.int64)
+        in_block = blocks >= 0
+        found = _best_group(
+            groups[in_block] * (len(snap.block_names) + 1) + blocks[in_block], job.nodes, scores[in_block]
+        )
+        if found:
+            return [int(r) for r in rows[in_block][found]]
+        if job.topology == TOPOLOGY_REQUIRED:
+            return []
+    found = _best_group(groups, job.nodes, scores)
+    return [int(r) for r in rows[found]] if found else []
+
+
+def _best_group(groups: np.ndarray, size: int, scores: np.ndarray) -> list[int]:
+    """Positions of the ``size`` best-scoring members of the group whose best ``size`` score
+    highest in total; [] when no group has ``size`` members."""
+    best: list[int] = []
+    best_total = -np.inf
+    for group in np.unique(groups):
+        members = np.flatnonzero(groups == group)
+        if len(members) < size:
+            continue
+        top = members[np.argsort(-scores[members], kind="stable")[:size]]
+        total = float(scores[top].sum())
+        if total > best_total:
+            best_total, best = total, [int(t) for t in top]
+    return best
+
+
+def _choose(snap: Snapshot, job: JobView, row: int) -> NodeChoice:
+    """What the job takes on one chosen node: exact GPU indices, MIG instances or a fraction."""
+    if job.slice >= 0:
+        picked = snap.choose_instances(row, job.slice, job.gpus)
+        return NodeChoice(row, tuple(gpu for _, gpu in picked), tuple(inst for inst, _ in picked))
+    if job.shared:
+        need = int(snap.share_need(job, np.array([row]))[0])
+        index = snap.choose_share(row, need)
+        assert index is not None  # the filter saw it fit
+        return NodeChoice(row, (index,), share_mb=need)
+    return NodeChoice(row, snap.choose_gpus(row, job.gpus))
 
 
 def _why(profile: Profile, state: CycleState, snap: Snapshot, job: JobView) -> Status:
@@ -404,7 +453,13 @@ def _why(profile: Profile, state: CycleState, snap: Snapshot, job: JobView) -> S
             stopped_by.append(plugin.name)
         remaining &= ok
     fit = int(np.count_nonzero(remaining))
-    if fit and job.nodes > 1:
+    per_cluster = np.bincount(snap.cluster[remaining], minlength=1) if fit else np.zeros(1)
+    if fit and job.nodes > 1 and job.topology == TOPOLOGY_REQUIRED and per_cluster.max() >= job.nodes:
+        message = (
+            f"{fit:,}/{len(rows):,} nodes fit, not {job.nodes} under one switch or rack "
+            "(it waits for topology: placement.topology is required)"
+        )
+    elif fit and job.nodes > 1:
         message = f"{fit:,}/{len(rows):,} nodes fit, not {job.nodes} in one cluster"
     else:
         message = f"{fit:,}/{len(rows):,} nodes fit" + (": " + ", ".join(parts) if parts else "")
