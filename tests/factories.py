@@ -16,7 +16,7 @@ from django.db import connections
 from django.utils import timezone
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, Node
+from clusters.models import Cluster, GpuDevice, GpuModel, MigInstance, Node
 from clusters.selectors import resolve_gpu_model
 from portal.choices import Role
 from portal.models import Membership, Project
@@ -151,3 +151,27 @@ def make_budget(
         ends_at=fields.pop("ends_at", now + timedelta(days=days[1])),
         **fields,
     )
+
+
+def make_mig(node: Node, index: int, profiles: list[str], *, using: str = "default") -> list[MigInstance]:
+    """Put GPU ``index`` of the node in MIG mode with one instance per profile (``"1g.10gb"``:
+    memory from the name, slices from its first digit)."""
+    gpu = GpuDevice.objects.using(using).get(node=node, index=index)
+    gpu.mig_enabled = True
+    gpu.save(using=using)
+    return [
+        MigInstance.objects.using(using).create(
+            gpu=gpu,
+            slot=slot,
+            profile=profile,
+            uuid=f"MIG-{node.name}-{index}-{slot}",
+            memory_mb=int(profile.split(".")[1].removesuffix("gb")) * 1024,
+            slices=int(profile[0]),
+        )
+        for slot, profile in enumerate(profiles)
+    ]
+
+
+def make_shareable(node: Node, *indices: int, using: str = "default") -> None:
+    """Offer these GPUs of the node in fractions."""
+    GpuDevice.objects.using(using).filter(node=node, index__in=indices).update(shareable=True)
