@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from foundation.units import memory_text
 from scheduling.engine.framework import CycleState, JobView
 from scheduling.engine.snapshot import Snapshot
 
@@ -37,6 +36,6 @@ class ResourcesFit:
         if job.fractional and not job.shared:
             return f"{refused:,} have no GPU in MIG mode with that profile"
         if job.shared:
-            wanted = memory_text(job.share_mb * 2**20) if job.share_mb else f"{job.share_milli / 10:g}%"
+            wanted = f"{job.share_mb / 1024:.3g} GiB" if job.share_mb else f"{job.share_milli / 10:g}%"
             return f"{refused:,} lack a shareable {model} with {wanted} free"
         return f"{refused:,} lack {job.gpus} free {model}"
