@@ -25,6 +25,7 @@ from clusters.models import (
     GpuModelAlias,
     JoinToken,
     MetricPoint,
+    MigInstance,
     Node,
     NodeCredential,
     NodeEvent,
@@ -38,6 +39,7 @@ from clusters.services.credentials import (
     revoke,
 )
 from clusters.services.identity import map_account, unmap_account
+from clusters.services.mig import check_mig_layout
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
@@ -365,6 +367,27 @@ class GpuReadings:
     def temperature(self, obj: GpuDevice) -> str:
         return MISSING if obj.temperature_c is None else f"{obj.temperature_c:.0f} °C"
 
+    @admin.display(description="MIG layout")
+    def mig_layout(self, obj: GpuDevice) -> str:
+        """The instances the GPU reports, as ``3g.40gb, 2g.20gb ×2``."""
+        if not obj.mig_enabled:
+            return MISSING
+        counts: dict[str, int] = {}
+        for instance in obj.mig_instances.all():
+            counts[instance.profile] = counts.get(instance.profile, 0) + 1
+        return ", ".join(f"{p} ×{n}" if n > 1 else p for p, n in counts.items()) or "no instances"
+
+
+class GpuForm(forms.ModelForm):
+    """What an operator sets on a GPU, checked: a MIG layout must be one a GPU can hold."""
+
+    class Meta:
+        model = GpuDevice
+        fields = ["health", "health_reason", "shareable", "mig_layout_wanted"]
+
+    def clean_mig_layout_wanted(self) -> list[str] | None:
+        return check_mig_layout(self.cleaned_data.get("mig_layout_wanted"))
+
 
 # What a GPU reports is read-only: the next heartbeat would overwrite an edit. Its health is the
 # operator's to set (and say why).
@@ -380,14 +403,22 @@ GPU_FIELDS = [
     "power",
     "temperature",
     "topology_group",
+    "shareable",
+    "mig_enabled",
+    "mig_layout",
+    "mig_layout_wanted",
 ]
-GPU_REPORTED = [f for f in GPU_FIELDS if f not in ("health", "health_reason")]
+# The operator's: health (and why), whether the GPU is offered in fractions, the MIG layout wanted.
+GPU_REPORTED = [
+    f for f in GPU_FIELDS if f not in ("health", "health_reason", "shareable", "mig_layout_wanted")
+]
 
 
 class GpuDeviceInline(GpuReadings, admin.TabularInline):
     """A node's GPUs as its agent (or its cluster) reports them."""
 
     model = GpuDevice
+    form = GpuForm
     extra = 0
     fields = GPU_FIELDS
     readonly_fields = GPU_REPORTED
@@ -508,12 +539,32 @@ class NodeAdmin(admin.ModelAdmin):
         return memory_text(obj.memory_bytes_capacity)
 
 
+class MigInstanceInline(ReadOnlyInline):
+    """A GPU's MIG instances as its node reports them."""
+
+    model = MigInstance
+    fields = ["slot", "profile", "uuid", "memory_mb", "slices"]
+    readonly_fields = fields
+
+
 @admin.register(GpuDevice)
 class GpuDeviceAdmin(GpuReadings, admin.ModelAdmin):
-    list_display = ["__str__", "model", "health", "utilisation", "memory_used", "power", "temperature"]
+    list_display = [
+        "__str__",
+        "model",
+        "health",
+        "shareable",
+        "mig_enabled",
+        "utilisation",
+        "memory_used",
+        "power",
+        "temperature",
+    ]
+    form = GpuForm
     fields = ["node", *GPU_FIELDS]
     readonly_fields = ["node", *GPU_REPORTED]
-    list_filter = ["model", "health", "node__cluster"]
+    inlines = [MigInstanceInline]
+    list_filter = ["model", "health", "shareable", "mig_enabled", "node__cluster"]
     list_select_related = ["node__cluster", "model"]
     search_fields = ["uuid", "node__name"]
 
