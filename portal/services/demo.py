@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.choices import ClusterKind, ClusterState, NodeState
-from clusters.models import Cluster, GpuDevice, GpuModel, Node
+from clusters.models import Cluster, GpuDevice, GpuModel, MigInstance, Node
 from portal.choices import Role
 from portal.models import Membership, Project
 from scheduling.choices import JobState, PendingReason
@@ -58,6 +58,7 @@ def seed_demo() -> dict[str, int]:
         projects = _projects(users)
         for spec in DEMO_CLUSTERS:
             _cluster(spec)
+        _fine_grained()
         queues = _queues(projects)
     _jobs(users, queues)
     return {
@@ -139,6 +140,38 @@ def _cluster(spec: DemoCluster) -> Cluster:
                 for g in range(spec.gpus_per_node)
             )
     return cluster
+
+
+DEMO_ENERGY = {"sim-a": ("0.21", 250), "sim-b": ("0.12", 420), "sim-c": ("0.18", 90)}  # €/kWh, g CO₂/kWh
+DEMO_MIG = {0: ["1g.10gb"] * 7, 1: ["3g.40gb", "2g.20gb", "2g.20gb"]}  # GPU index → layout
+
+
+def _fine_grained() -> None:
+    """Energy prices and carbon intensities per cluster; on sim-b's last node, two GPUs in MIG
+    mode and two offered in fractions, so MIG and shared-GPU jobs have somewhere to go."""
+    for name, (price, carbon) in DEMO_ENERGY.items():
+        Cluster.objects.filter(name=name, energy_price_per_kwh__isnull=True).update(
+            energy_price_per_kwh=price, carbon_g_per_kwh=carbon
+        )
+    node = Node.objects.filter(cluster__name="sim-b").order_by("-name").first()
+    if node is None or GpuDevice.objects.filter(node=node, mig_enabled=True).exists():
+        return
+    for index, layout in DEMO_MIG.items():
+        gpu = GpuDevice.objects.get(node=node, index=index)
+        gpu.mig_enabled = True
+        gpu.save(update_fields=["mig_enabled"])
+        MigInstance.objects.bulk_create(
+            MigInstance(
+                gpu=gpu,
+                slot=slot,
+                profile=profile,
+                uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node.name}.{index}.{slot}')}",
+                memory_mb=int(profile.split(".")[1].removesuffix("gb")) * 1024 - 256,
+                slices=int(profile[0]),
+            )
+            for slot, profile in enumerate(layout)
+        )
+    GpuDevice.objects.filter(node=node, index__in=[2, 3]).update(shareable=True)
 
 
 def _queues(projects: dict[str, Project]) -> dict[str, Queue]:
@@ -224,12 +257,14 @@ def _jobs(users: dict[str, AbstractUser], queues: dict[str, Queue]) -> None:
 
 
 DEMO_WORKLOAD = [
-    # (user, project, queue, name, gpus, nodes, seconds)
+    # (user, project, queue, name, gpus (or GPU resources), nodes, seconds)
     ("alice", "vision", "default", "train-detector", "h100:8", 1, 150),
     ("alice", "vision", "default", "finetune", "h100:2", 1, 60),
     ("alice", "vision", "interactive", "notebook", "h100:1", 1, 90),
     ("bob", "nlp", "default", "pretrain-shard", "a100:8", 2, 180),
     ("bob", "nlp", "default", "eval-suite", "a100:1", 1, 45),
+    ("bob", "nlp", "default", "notebook-mig", "a100:1g.10gb", 1, 90),
+    ("bob", "nlp", "default", "embed-small", {"gpus": "a100", "gpuMemory": "20Gi"}, 1, 60),
     ("bob", "nlp", "batch", "embed-corpus", "l40s:4", 1, 120),
 ]
 
@@ -255,7 +290,8 @@ def submit_demo_jobs(count: int = 2) -> int:
             "metadata": {"name": f"{name}-{random.randint(100, 999)}", "project": project},
             "spec": {
                 "queue": queue,
-                "resources": {"gpus": gpus, "nodes": nodes, "cpus": 8, "memory": "64Gi"},
+                "resources": (gpus if isinstance(gpus, dict) else {"gpus": gpus})
+                | {"nodes": nodes, "cpus": 8, "memory": "64Gi"},
                 "run": f"python {name}.py",
                 "timeLimit": "1h",
                 "sim": {

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.models import Cluster, GpuDevice, MigInstance, Node
 from portal.services.demo import DemoRefused, seed_demo
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, JobEvent
@@ -71,3 +71,24 @@ def test_metrics_endpoint(client, settings):
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.ORRERY_METRICS_TOKEN}")
     assert response.status_code == 200
     assert b"django_http_requests" in response.content
+
+
+def test_the_demo_fleet_has_mig_instances_and_shared_gpus_and_its_workload_fits(monkeypatch):
+    """Every kind of job the demo keeps submitting is accepted on the seeded fleet, MIG and
+    shared-GPU ones included (a request the fleet could never hold would be refused)."""
+    from portal.services import demo
+
+    seed_demo()
+    seed_demo()  # idempotent: the MIG layout is made once
+    assert MigInstance.objects.count() == sum(len(layout) for layout in demo.DEMO_MIG.values())
+    assert GpuDevice.objects.filter(shareable=True).count() == 2
+    assert (
+        Cluster.objects.filter(energy_price_per_kwh__isnull=False, carbon_g_per_kwh__isnull=False).count()
+        == 3
+    )
+    for entry in demo.DEMO_WORKLOAD:
+        monkeypatch.setattr("random.choice", lambda seq, entry=entry: entry)
+        assert demo.submit_demo_jobs(1) == 1, entry
+    assert (
+        Job.objects.filter(gpu_slice="1g.10gb").exists() and Job.objects.filter(gpu_memory_mb=20480).exists()
+    )
