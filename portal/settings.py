@@ -467,6 +467,12 @@ NODE_RECOVERY_FRESH = float(
 )
 NODE_FLAP_WINDOW = int(os.environ.get("ORRERY_NODE_FLAP_WINDOW", 900))
 NODE_RECOVERY_MAX = int(os.environ.get("ORRERY_NODE_RECOVERY_MAX", 480))
+# Telemetry a GPU or node reported longer ago than this is stale: /metrics/gpus leaves the GPU
+# out and power estimates stop believing the node's reading. Telemetry reaches the rows every
+# sync-telemetry period, so a live node's reading is up to one period and a heartbeat old.
+ORRERY_TELEMETRY_FRESH_S = float(
+    os.environ.get("ORRERY_TELEMETRY_FRESH_S", 2 * _PERIODIC["sync-telemetry"][1])
+)
 # Agent requests served at once per process past which ingest answers 429; the Retry-After it
 # suggests is ORRERY_INGEST_RETRY_AFTER_S plus up to as much again of jitter (also for 503).
 ORRERY_INGEST_MAX_IN_FLIGHT = int(os.environ.get("ORRERY_INGEST_MAX_IN_FLIGHT", 16))
