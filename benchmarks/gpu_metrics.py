@@ -14,6 +14,8 @@ of ``--repeat`` runs):
 * ``exposition_s`` — writing the text format of those rows; ``bytes`` and ``series``;
 * ``scrape_s`` — the whole page through Django's test client, scrape token and streaming
   included, and ``scrape_vs_yardstick``;
+* ``power_plan_s`` — the power-saving page's plan over the same fleet (every node idle and ready:
+  the most work it can have), for scale;
 * ``prometheus_client_s`` (with ``--compare``) — the same samples through prometheus_client's
   own ``GaugeMetricFamily`` and ``generate_latest``, what a registry-based collector would cost;
 * ``rss_mb``.
@@ -136,6 +138,11 @@ def run(nodes: int, gpus: int, repeat: int, compare: bool, say) -> dict:
         "scrape_s": round(med["scrape"], 3),
         "scrape_vs_yardstick": round(med["scrape"] / med["yardstick"], 2),
     }
+    from clusters.services.power import power_plan
+
+    started = time.perf_counter()
+    power_plan()
+    result["power_plan_s"] = round(time.perf_counter() - started, 3)
     if compare:
         result["prometheus_client_s"] = round(generic_exposition(rows), 3)
     return result

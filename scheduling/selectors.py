@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -33,6 +34,18 @@ def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
         .values_list("node_id", flat=True)
         .distinct()
     )
+
+
+def last_release_times(node_ids: Iterable[int]) -> dict[int, datetime]:
+    """``{node id: when its last allocation was released}`` for the nodes among ``node_ids``
+    that ever held work (power saving: how long a node has been idle)."""
+    rows = (
+        Allocation.objects.filter(node_id__in=list(node_ids), active=False)
+        .values_list("node_id")
+        .annotate(at=Max("released_at"))
+        .order_by()
+    )
+    return dict(rows)
 
 
 @dataclass(frozen=True)
