@@ -49,6 +49,7 @@ from clusters.services.power import (
     power_down_nodes,
     power_plan,
     power_up_nodes,
+    waiting_models,
 )
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from foundation.units import MISSING, memory_text, power_text
@@ -260,6 +261,7 @@ class ClusterAdmin(admin.ModelAdmin):
         context = self.admin_site.each_context(request) | {
             "title": "Power saving",
             "plans": power_plan(),
+            "waiting": waiting_models(),
             "may_act": request.user.has_perm("clusters.change_node"),
             "idle_s": settings.ORRERY_POWER_IDLE_S,
             "keep_idle": settings.ORRERY_POWER_KEEP_IDLE,

@@ -31,6 +31,12 @@ class NodeLastRelease(Protocol):
         ...
 
 
+class WaitingDemand(Protocol):
+    def __call__(self) -> dict[int, int]:
+        """``{GPU model id: GPUs that jobs waiting for free resources ask for}``."""
+        ...
+
+
 class GpuAllocation(Protocol):
     def __call__(self) -> dict[tuple[int, int], int]:
         """``{(cluster id, GPU model id): GPUs allocated}``."""
@@ -68,6 +74,7 @@ class AgentReports(Protocol):
 class Ports:
     node_workload: NodeWorkload | None = None
     node_last_release: NodeLastRelease | None = None
+    waiting_demand: WaitingDemand | None = None
     gpu_allocation: GpuAllocation | None = None
     held_gpus: HeldGpus | None = None
     node_lost: NodeLostHandler | None = None
@@ -101,6 +108,10 @@ def node_workload() -> NodeWorkload:
 
 def node_last_release() -> NodeLastRelease:
     return port("node_last_release")
+
+
+def waiting_demand() -> WaitingDemand:
+    return port("waiting_demand")
 
 
 def gpu_allocation() -> GpuAllocation:

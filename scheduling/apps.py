@@ -15,6 +15,7 @@ class SchedulingConfig(AppConfig):
             busy_node_ids,
             held_gpu_indices,
             last_release_times,
+            waiting_gpu_demand,
         )
         from scheduling.services.failover import handle_node_lost
 
@@ -22,6 +23,7 @@ class SchedulingConfig(AppConfig):
         register_ports(
             node_workload=busy_node_ids,
             node_last_release=last_release_times,
+            waiting_demand=waiting_gpu_demand,
             gpu_allocation=allocated_gpu_counts,
             held_gpus=held_gpu_indices,
             node_lost=handle_node_lost,

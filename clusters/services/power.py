@@ -8,7 +8,8 @@
   since it last changed state (became ready);
 * powering it down leaves at least ``ORRERY_POWER_KEEP_IDLE`` idle ready nodes of its cluster
   and GPU model (the floor, so a job that arrives finds somewhere to start at once). Of the nodes
-  past the bound, the longest idle go first.
+  past the bound, the longest idle go first;
+* no job waits for free GPUs of its model (reason ``Resources``; the ``waiting_demand`` port).
 
 Watts saved: the node's own reading (``Node.power_w``) when its last report is fresher than
 ``ORRERY_TELEMETRY_FRESH_S`` ("measured"); otherwise ``ORRERY_POWER_NODE_BASE_W`` plus 15 % of
@@ -31,7 +32,9 @@ in two steps:
 ``power_up_nodes`` powers suspended nodes up (switch or no switch: a switch turned off must
 not strand them), ``power_state`` back ``on``, and a node power saving drained becomes
 ``not_ready``: the lifecycle makes it ready after ``NODE_RECOVERY`` of heartbeats.
-``apply_power_saving`` is the periodic pass of clusters whose switch is on.
+``apply_power_saving`` is the periodic pass of clusters whose switch is on: first it powers up
+enough powered-down nodes of each model that jobs wait for free GPUs of (``power_up_for_demand``),
+then it powers down what is recommended.
 """
 
 from __future__ import annotations
@@ -45,14 +48,15 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from clusters import ports
 from clusters.adapters.base import AdapterError, SupportsPowerSaving, power_saving_of
 from clusters.adapters.registry import adapter_for
 from clusters.choices import ClusterState, NodeState, PowerState
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.metrics import POWER_ACTIONS
+from clusters.models import Cluster, GpuDevice, GpuModel, Node
 from clusters.services.nodes import set_node_state
 from foundation import audit
 from foundation.choices import AuditAction
@@ -134,13 +138,20 @@ class PowerResult:
 
 
 def recommend(
-    idle: Iterable[IdleNode], now: datetime, *, idle_s: float, keep_idle: int
+    idle: Iterable[IdleNode],
+    now: datetime,
+    *,
+    idle_s: float,
+    keep_idle: int,
+    wanted: frozenset[str] = frozenset(),
 ) -> list[Recommendation]:
     """The rule, pure: of each (cluster, model)'s idle nodes, those idle for ``idle_s`` or more,
-    longest idle first, as long as ``keep_idle`` idle nodes stay ready."""
+    longest idle first, as long as ``keep_idle`` idle nodes stay ready; none of a model in
+    ``wanted`` (jobs wait for free GPUs of it)."""
     groups: dict[tuple[int, str], list[IdleNode]] = defaultdict(list)
     for node in idle:
-        groups[node.cluster_id, node.model].append(node)
+        if node.model not in wanted:
+            groups[node.cluster_id, node.model].append(node)
     out = []
     for _, nodes in sorted(groups.items()):
         spare = max(len(nodes) - max(keep_idle, 0), 0)
@@ -218,6 +229,13 @@ def idle_nodes(now: datetime, cluster_ids: Iterable[int] | None = None) -> list[
     return out
 
 
+def waiting_models() -> dict[str, int]:
+    """``{model slug: GPUs}`` that jobs waiting for free resources ask for (``waiting_demand``)."""
+    demand = ports.waiting_demand()()
+    slugs = dict(GpuModel.objects.filter(pk__in=list(demand)).values_list("pk", "slug"))
+    return {slugs[pk]: gpus for pk, gpus in demand.items() if pk in slugs}
+
+
 def recommendations(now: datetime, cluster_ids: Iterable[int] | None = None) -> list[Recommendation]:
     """The recommendations of the clusters (all, or ``cluster_ids``) under the settings."""
     return recommend(
@@ -225,6 +243,7 @@ def recommendations(now: datetime, cluster_ids: Iterable[int] | None = None) -> 
         now,
         idle_s=settings.ORRERY_POWER_IDLE_S,
         keep_idle=settings.ORRERY_POWER_KEEP_IDLE,
+        wanted=frozenset(waiting_models()),
     )
 
 
@@ -236,7 +255,11 @@ def power_plan(now: datetime | None = None) -> list[ClusterPlan]:
     clusters = list(Cluster.objects.filter(Q(state__in=WORKING_CLUSTERS) | Q(pk__in=suspended)))
     idle = idle_nodes(now, [c.pk for c in clusters])
     chosen = recommend(
-        idle, now, idle_s=settings.ORRERY_POWER_IDLE_S, keep_idle=settings.ORRERY_POWER_KEEP_IDLE
+        idle,
+        now,
+        idle_s=settings.ORRERY_POWER_IDLE_S,
+        keep_idle=settings.ORRERY_POWER_KEEP_IDLE,
+        wanted=frozenset(waiting_models()),
     )
     by_cluster: dict[int, list[Recommendation]] = defaultdict(list)
     for r in chosen:
@@ -292,7 +315,13 @@ def power_down_nodes(
         Node.objects.filter(pk=node.pk).update(power_state=PowerState.SUSPENDED)
         result.done.append(node.name)
         log.info("powered down %s/%s (idle %.0f s)", cluster.name, node.name, recommendation.idle_s)
+    _count("down", result)
     return result
+
+
+def _count(action: str, result: PowerResult) -> None:
+    POWER_ACTIONS.labels(action, "done").inc(len(result.done))
+    POWER_ACTIONS.labels(action, "refused").inc(len(result.refused))
 
 
 @transaction.atomic
@@ -355,6 +384,7 @@ def power_up_nodes(
     result.refused += [
         f"node {pk}: not powered down in {cluster.name}." for pk in sorted(asked - {n.pk for n in nodes})
     ]
+    _count("up", result)
     return result
 
 
@@ -379,12 +409,65 @@ def _audit(action: str, node: Node, actor: AbstractBaseUser | None, **details: o
     )
 
 
-def apply_power_saving(now: datetime | None = None) -> int:
-    """The periodic pass: power down every recommended node of every cluster whose switch is on
-    and whose kind can. Returns how many nodes it powered down; a cluster that refuses is logged
-    and the others go on."""
-    now = now or timezone.now()
+def power_up_for_demand() -> int:
+    """Power up, in clusters whose switch is on, enough powered-down nodes of each model that
+    jobs wait for free GPUs of (``waiting_models``): nodes already powered up and not yet ready
+    count, so successive passes do not wake more than the jobs ask for. Returns how many."""
+    demand = waiting_models()
+    if not demand:
+        return 0
+    on = [c for c in Cluster.objects.filter(power_saving=True, state__in=WORKING_CLUSTERS) if _saving(c)]
+    coming, asleep = (
+        _gpus_by_model(
+            Node.objects.filter(
+                cluster__in=on,
+                power_state=PowerState.ON,
+                state=NodeState.NOT_READY,
+                state_reason=f"{REASON_PREFIX}powered up",
+            )
+        ),
+        _nodes_by_model(Node.objects.filter(cluster__in=on, power_state=PowerState.SUSPENDED)),
+    )
+    clusters = {c.pk: c for c in on}
     done = 0
+    for model, gpus in sorted(demand.items()):
+        need = gpus - coming.get(model, 0)
+        for node_id, cluster_id, node_gpus in asleep.get(model, []):
+            if need <= 0:
+                break
+            result = power_up_nodes(clusters[cluster_id], [node_id], actor=None)
+            done += len(result.done)
+            need -= node_gpus if result.done else 0
+            for why in result.refused:
+                log.warning("power saving on %s: %s", clusters[cluster_id].name, why)
+    return done
+
+
+def _nodes_by_model(nodes: QuerySet[Node]) -> dict[str, list[tuple[int, int, int]]]:
+    """``{model slug: [(node id, cluster id, GPUs)]}`` by each node's most common GPU model."""
+    models: dict[int, Counter[str]] = defaultdict(Counter)
+    rows = GpuDevice.objects.filter(node__in=nodes).order_by().values_list("node_id", "model__slug")
+    for node_id, slug in rows:
+        models[node_id][slug] += 1
+    out: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for node_id, cluster_id in nodes.order_by("cluster_id", "name").values_list("pk", "cluster_id"):
+        if models[node_id]:
+            slug = models[node_id].most_common(1)[0][0]
+            out[slug].append((node_id, cluster_id, sum(models[node_id].values())))
+    return out
+
+
+def _gpus_by_model(nodes: QuerySet[Node]) -> dict[str, int]:
+    return {slug: sum(n[2] for n in found) for slug, found in _nodes_by_model(nodes).items()}
+
+
+def apply_power_saving(now: datetime | None = None) -> int:
+    """The periodic pass over clusters whose switch is on and whose kind can: power up nodes of
+    models jobs wait for (``power_up_for_demand``), then power down every recommended node.
+    Returns how many nodes it powered up or down; a cluster that refuses is logged and the
+    others go on."""
+    now = now or timezone.now()
+    done = power_up_for_demand()
     for cluster in Cluster.objects.filter(power_saving=True, state__in=WORKING_CLUSTERS):
         if _saving(cluster) is None:
             continue

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from clusters.choices import ClusterKind, ClusterState, NodeState, PowerState
-from clusters.models import Node, NodeEvent
+from clusters.models import Cluster, Node, NodeEvent
 from clusters.services.power import (
     GPU_IDLE_SHARE,
     IdleNode,
@@ -71,6 +71,12 @@ def test_recommendation_rules(nodes, idle_s, keep, expected):
     assert [r.node.node_id for r in chosen] == expected  # per cluster and model, longest idle first
     for r in chosen:
         assert r.idle_s == (T0 - r.node.idle_since).total_seconds()
+
+
+def test_no_node_of_a_model_jobs_wait_for_is_recommended():
+    nodes = [idle(1, 2, model="h100-80g"), idle(2, 2, model="a100-80g"), idle(3, 5, model="")]
+    chosen = recommend(nodes, T0, idle_s=HOUR, keep_idle=0, wanted=frozenset({"h100-80g"}))
+    assert [r.node.node_id for r in chosen] == [3, 2]
 
 
 @pytest.mark.parametrize(
@@ -346,3 +352,37 @@ def test_action_on_a_switched_off_cluster_says_so(fleet, client, operator):
     answer = client.post(url, {"action": "down", "cluster": cluster.pk, "node": [nodes[0].pk]}, follow=True)
     assert "power saving is switched off" in answer.content.decode()
     assert not Node.objects.filter(power_state=PowerState.SUSPENDED).exists()
+
+
+# --- jobs waiting for a model -----------------------------------------------------------------
+
+
+def test_jobs_waiting_for_a_model_keep_its_nodes_on(fleet, alice, queue, client, operator):
+    make_job(alice, queue, gpus=8, nodes=6, reason="Resources")  # a gang bigger than what is idle
+    make_job(alice, queue, gpus=1, model="a100", reason="QuotaExceeded")  # not waiting for GPUs
+    assert power_plan()[0].recommendations == ()
+    assert apply_power_saving() == 0
+    client.force_login(operator)
+    page = client.get(reverse("admin:clusters_cluster_power")).content.decode()
+    assert "Jobs wait for free GPUs of h100-80g (48 GPUs)" in page and "a100" not in page
+
+
+@pytest.mark.parametrize(
+    "switch, waiting_gpus, powered_up",
+    [
+        pytest.param(True, 8, 1, id="one-node-for-one-node-of-work"),
+        pytest.param(True, 9, 2, id="rounded-up"),
+        pytest.param(True, 80, 3, id="every-powered-down-node"),
+        pytest.param(False, 80, 0, id="switch-off-nothing"),
+    ],
+)
+def test_powered_down_nodes_come_up_for_waiting_jobs(fleet, alice, queue, switch, waiting_gpus, powered_up):
+    cluster, _ = fleet
+    assert apply_power_saving() == 3  # p0..p2 down, one idle node kept
+    Cluster.objects.filter(pk=cluster.pk).update(power_saving=switch)
+    make_job(alice, queue, gpus=waiting_gpus, reason="Resources")
+    assert apply_power_saving() == powered_up
+    assert Node.objects.filter(
+        cluster=cluster, state=NodeState.NOT_READY, power_state=PowerState.ON
+    ).count() == (powered_up)
+    assert apply_power_saving() == 0  # those coming up count: no more for the same jobs
