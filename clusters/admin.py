@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
@@ -42,6 +44,15 @@ from clusters.services.identity import map_account, unmap_account
 from clusters.services.mig import check_mig_layout
 from clusters.services.nodes import NodeActionRefused, cordon_node, drain_node, resume_node
 from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
+from clusters.services.power import (
+    GPU_IDLE_SHARE,
+    PowerActionRefused,
+    PowerResult,
+    power_down_nodes,
+    power_plan,
+    power_up_nodes,
+    waiting_models,
+)
 from foundation.console import ReadOnlyAdminMixin, ReadOnlyInline, service_action
 from foundation.units import MISSING, memory_text, power_text
 
@@ -135,6 +146,26 @@ class KubernetesOnboardForm(forms.Form):
         return data
 
 
+class PowerActionForm(forms.Form):
+    """A power action of the console's power page: which, on which cluster (the nodes are a
+    list of ids, checked apart)."""
+
+    action = forms.ChoiceField(choices=[("down", "Power down"), ("up", "Power up")])
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.all())
+
+
+MAX_NODES_PER_ACTION = 10_000
+
+
+def node_ids(values: list[str]) -> list[int] | None:
+    """The posted node ids, or None when any is not a plain id (or there are absurdly many)."""
+    if len(values) > MAX_NODES_PER_ACTION or not all(
+        v.isascii() and v.isdigit() and len(v) <= 18 for v in values
+    ):
+        return None
+    return [int(v) for v in values]
+
+
 class PosixAccountInline(admin.TabularInline):
     """Which POSIX account each user's work runs under here (identity "mapped accounts")."""
 
@@ -219,7 +250,53 @@ class ClusterAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.onboard_kubernetes_view),
             name="clusters_cluster_onboard_kubernetes",
         )
-        return [onboard, onboard_kubernetes, *super().get_urls()]
+        power = path("power/", self.admin_site.admin_view(self.power_view), name="clusters_cluster_power")
+        return [onboard, onboard_kubernetes, power, *super().get_urls()]
+
+    def power_view(self, request: HttpRequest) -> HttpResponse:
+        """Power-saving recommendations per cluster (anyone who may view nodes) and the power
+        actions (those who may change nodes; POST only, CSRF-checked by the admin)."""
+        if not request.user.has_perm("clusters.view_node"):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._power_action(request)
+        context = self.admin_site.each_context(request) | {
+            "title": "Power saving",
+            "plans": power_plan(),
+            "waiting": waiting_models(),
+            "may_act": request.user.has_perm("clusters.change_node"),
+            "idle_s": settings.ORRERY_POWER_IDLE_S,
+            "keep_idle": settings.ORRERY_POWER_KEEP_IDLE,
+            "fresh_s": settings.ORRERY_TELEMETRY_FRESH_S,
+            "base_w": settings.ORRERY_POWER_NODE_BASE_W,
+            "gpu_share": round(GPU_IDLE_SHARE * 100),
+        }
+        return TemplateResponse(request, "admin/clusters/cluster/power.html", context)
+
+    def _power_action(self, request: HttpRequest) -> HttpResponse:
+        if not request.user.has_perm("clusters.change_node"):
+            raise PermissionDenied
+        form = PowerActionForm(request.POST)
+        ids = node_ids(request.POST.getlist("node"))
+        if not form.is_valid() or ids is None:
+            return HttpResponseBadRequest(
+                "Give an action, a cluster and node ids.", content_type="text/plain"
+            )
+        cluster, action = form.cleaned_data["cluster"], form.cleaned_data["action"]
+        act = power_down_nodes if action == "down" else power_up_nodes
+        try:
+            result: PowerResult = act(cluster, ids, actor=request.user)
+        except PowerActionRefused as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            verb = "Powered down" if action == "down" else "Powered up"
+            if result.done:
+                self.message_user(
+                    request, f"{verb} on {cluster}: {', '.join(result.done)}.", messages.SUCCESS
+                )
+            for why in result.refused:
+                self.message_user(request, why, messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:clusters_cluster_power"))
 
     def has_onboard_permission(self, request: HttpRequest) -> bool:
         """Onboarding and machine credentials need their own permission, not the staff flag."""
@@ -474,12 +551,13 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    # everything shown except what operators edit (where the node sits and its labels)
+    # everything shown except what operators edit (where the node sits and its labels); the power
+    # state changes through the power page's actions, which switch the machine too
     readonly_fields = [
         name
         for _, options in fieldsets
         for name in options["fields"]
-        if name not in ("cluster", "name", "power_state", "labels", "rack", "switch", "nvlink_domain")
+        if name not in ("cluster", "name", "labels", "rack", "switch", "nvlink_domain")
     ]
     inlines = [GpuDeviceInline, NodeEventInline]
     actions = [

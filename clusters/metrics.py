@@ -30,3 +30,10 @@ INGEST_REFUSED = Counter(
     "Agent requests answered 429 or 503 with Retry-After, by reason.",
     ["reason"],
 )
+POWER_ACTIONS = Counter(
+    "orrery_power_actions_total",
+    "Nodes power saving asked to power down or up (operators' actions and the periodic pass), by "
+    "action (down, up) and result (done; refused: not recommended any more, a placement won, or "
+    "the cluster said no).",
+    ["action", "result"],
+)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from datetime import datetime
 from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
@@ -20,6 +21,19 @@ from django.core.exceptions import ImproperlyConfigured
 class NodeWorkload(Protocol):
     def __call__(self, node_ids: list[int]) -> set[int]:
         """The nodes among ``node_ids`` that hold work."""
+        ...
+
+
+class NodeLastRelease(Protocol):
+    def __call__(self, node_ids: list[int]) -> dict[int, datetime]:
+        """When work last left each of ``node_ids`` (its last allocation released); a node that
+        never held work is absent."""
+        ...
+
+
+class WaitingDemand(Protocol):
+    def __call__(self) -> dict[int, int]:
+        """``{GPU model id: GPUs that jobs waiting for free resources ask for}``."""
         ...
 
 
@@ -59,6 +73,8 @@ class AgentReports(Protocol):
 @dataclass(frozen=True)
 class Ports:
     node_workload: NodeWorkload | None = None
+    node_last_release: NodeLastRelease | None = None
+    waiting_demand: WaitingDemand | None = None
     gpu_allocation: GpuAllocation | None = None
     held_gpus: HeldGpus | None = None
     node_lost: NodeLostHandler | None = None
@@ -88,6 +104,14 @@ def port(name: str) -> Any:
 
 def node_workload() -> NodeWorkload:
     return port("node_workload")
+
+
+def node_last_release() -> NodeLastRelease:
+    return port("node_last_release")
+
+
+def waiting_demand() -> WaitingDemand:
+    return port("waiting_demand")
 
 
 def gpu_allocation() -> GpuAllocation:

@@ -6,6 +6,7 @@ from clusters.services.aggregation import flush_heartbeats, prune_metrics, sync_
 from clusters.services.inventory import take_inventories
 from clusters.services.lifecycle import run_node_lifecycle
 from clusters.services.nodes import settle_draining_nodes
+from clusters.services.power import apply_power_saving
 
 
 @shared_task(ignore_result=True)
@@ -37,3 +38,8 @@ def settle_draining_nodes_task() -> int:
 @shared_task(ignore_result=True)
 def take_inventories_task() -> int:
     return take_inventories()
+
+
+@shared_task(ignore_result=True)
+def power_saving_task() -> int:
+    return apply_power_saving()

@@ -238,6 +238,8 @@ _PERIODIC = {
     # every 2 s; each kind keeps its own pace (adapter.inventory_every_s)
     "cluster-inventory": ("clusters.tasks.take_inventories_task", 2.0),
     "deliver-notifications": ("scheduling.tasks.deliver_notifications_task", 5.0),
+    # idle nodes of clusters whose power-saving switch is on (clusters/services/power.py)
+    "power-saving": ("clusters.tasks.power_saving_task", 300.0),
 }
 # Each task's role; role R's queue is "<ORRERY_CELERY_QUEUE>.R", so production runs workers per
 # role (`celery worker -Q orrery.scheduling`) and a flood of one kind never waits in front of
@@ -259,6 +261,7 @@ _TASK_ROLES = {
     "scheduling.tasks.sync_clusters_task": "dispatch",
     "scheduling.tasks.sync_cluster_task": "dispatch",
     "scheduling.tasks.deliver_notifications_task": "notifications",
+    "clusters.tasks.power_saving_task": "dispatch",  # it calls the clusters' APIs, as dispatch does
 }
 CELERY_TASK_ROUTES = {task: {"queue": f"{ORRERY_CELERY_QUEUE}.{role}"} for task, role in _TASK_ROLES.items()}
 CELERY_TASK_DEFAULT_QUEUE = f"{ORRERY_CELERY_QUEUE}.notifications"  # a task with no route of its own
@@ -467,6 +470,19 @@ NODE_RECOVERY_FRESH = float(
 )
 NODE_FLAP_WINDOW = int(os.environ.get("ORRERY_NODE_FLAP_WINDOW", 900))
 NODE_RECOVERY_MAX = int(os.environ.get("ORRERY_NODE_RECOVERY_MAX", 480))
+# Telemetry a GPU or node reported longer ago than this is stale: /metrics/gpus leaves the GPU
+# out and power estimates stop believing the node's reading. Telemetry reaches the rows every
+# sync-telemetry period, so a live node's reading is up to one period and a heartbeat old.
+ORRERY_TELEMETRY_FRESH_S = float(
+    os.environ.get("ORRERY_TELEMETRY_FRESH_S", 2 * _PERIODIC["sync-telemetry"][1])
+)
+# Power saving (clusters/services/power.py; docs/operations.md, "Power saving"): a ready node
+# with no work for ORRERY_POWER_IDLE_S is recommended for powering down, keeping at least
+# ORRERY_POWER_KEEP_IDLE idle nodes ready per cluster and GPU model; a node with no fresh reading
+# of its own draw is estimated at ORRERY_POWER_NODE_BASE_W plus 15 % of each GPU's TDP.
+ORRERY_POWER_IDLE_S = int(os.environ.get("ORRERY_POWER_IDLE_S", 1800))
+ORRERY_POWER_KEEP_IDLE = int(os.environ.get("ORRERY_POWER_KEEP_IDLE", 2))
+ORRERY_POWER_NODE_BASE_W = float(os.environ.get("ORRERY_POWER_NODE_BASE_W", 250))
 # Agent requests served at once per process past which ingest answers 429; the Retry-After it
 # suggests is ORRERY_INGEST_RETRY_AFTER_S plus up to as much again of jitter (also for 503).
 ORRERY_INGEST_MAX_IN_FLIGHT = int(os.environ.get("ORRERY_INGEST_MAX_IN_FLIGHT", 16))

@@ -34,4 +34,5 @@ urlpatterns = [
         name="api-docs",
     ),
     path("metrics", scrape.metrics, name="prometheus-django-metrics"),
+    path("metrics/gpus", scrape.gpu_metrics, name="gpu-metrics"),
 ]

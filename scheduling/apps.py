@@ -10,12 +10,20 @@ class SchedulingConfig(AppConfig):
         from clusters.ports import register_ports
         from scheduling.dispatch.agent import apply_reports, desired_for_node
         from scheduling.engine.policies import active_profile
-        from scheduling.selectors import allocated_gpu_counts, busy_node_ids, held_gpu_indices
+        from scheduling.selectors import (
+            allocated_gpu_counts,
+            busy_node_ids,
+            held_gpu_indices,
+            last_release_times,
+            waiting_gpu_demand,
+        )
         from scheduling.services.failover import handle_node_lost
 
         active_profile()
         register_ports(
             node_workload=busy_node_ids,
+            node_last_release=last_release_times,
+            waiting_demand=waiting_gpu_demand,
             gpu_allocation=allocated_gpu_counts,
             held_gpus=held_gpu_indices,
             node_lost=handle_node_lost,

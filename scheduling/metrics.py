@@ -1,4 +1,5 @@
-"""Scheduler metrics, in django-prometheus' registry (served at /metrics)."""
+"""Scheduler metrics, in django-prometheus' registry (served at /metrics). Queue state under
+Kueue's names is read from the database at each scrape instead (``scheduling.queue_metrics``)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
 from django.db.models import (
     Avg,
     Count,
+    F,
     Max,
     Min,
     OuterRef,
@@ -17,12 +19,13 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    Sum,
     prefetch_related_objects,
 )
 
 from clusters.choices import GpuHealth, NodeState
 from clusters.models import GpuDevice, GpuModel, Node
-from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState
+from scheduling.choices import ACTIVE_STATES, WAITING_STATES, JobState, PendingReason
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, JobLog, QueueQuota, SchedulerState
 
 
@@ -33,6 +36,30 @@ def busy_node_ids(node_ids: Iterable[int]) -> set[int]:
         .values_list("node_id", flat=True)
         .distinct()
     )
+
+
+def last_release_times(node_ids: Iterable[int]) -> dict[int, datetime]:
+    """``{node id: when its last allocation was released}`` for the nodes among ``node_ids``
+    that ever held work (power saving: how long a node has been idle)."""
+    rows = (
+        Allocation.objects.filter(node_id__in=list(node_ids), active=False)
+        .values_list("node_id")
+        .annotate(at=Max("released_at"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def waiting_gpu_demand() -> dict[int, int]:
+    """``{GPU model id: GPUs wanted by pending jobs that wait for free resources}`` (power
+    saving powers nodes of those models up). Jobs that may take any model are not counted."""
+    rows = (
+        Job.objects.filter(state=JobState.PENDING, reason=PendingReason.RESOURCES, gpu_model__isnull=False)
+        .values_list("gpu_model_id")
+        .annotate(gpus=Sum(F("nodes") * F("gpus_per_node")))
+        .order_by()
+    )
+    return {model: gpus for model, gpus in rows if gpus}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,10 @@ A kind that can ask a running job to stop on its own — a signal, then a grace 
 cluster kills it, what a preemption needs — also answers ``SupportsSignal``; for any other kind
 ``signal_or_cancel`` cancels at once.
 
+A kind that can switch idle nodes off and on again answers ``SupportsPowerSaving``
+(``power_saving_of``); power-saving recommendations are acted on only there
+(``clusters.services.power``).
+
 Adding a kind is one module beside this one, one line in ``registry.py`` and one parameter of
 the contract suite (``tests/test_adapters.py``).
 """
@@ -275,6 +279,27 @@ def signal_or_cancel(
     if callable(send):
         return send(cluster, remote_ids, signal, grace_s)
     return adapter.cancel(cluster, remote_ids)
+
+
+class SupportsPowerSaving(Protocol):
+    """A kind that can power idle nodes down and back up (Slurm's power saving)."""
+
+    def power_down(self, cluster: Cluster, node: str) -> None:
+        """Switch the node off (or ask the cluster to). Raises ``AdapterError`` saying why when
+        the cluster refuses or cannot be asked; returning means the cluster took the request.
+        Idempotent: a node already off stays off."""
+        ...
+
+    def power_up(self, cluster: Cluster, node: str) -> None:
+        """Switch the node back on; the same contract as ``power_down``."""
+        ...
+
+
+def power_saving_of(adapter: ClusterAdapter) -> SupportsPowerSaving | None:
+    """The adapter as ``SupportsPowerSaving`` where its kind can power nodes, else None."""
+    if callable(getattr(adapter, "power_down", None)) and callable(getattr(adapter, "power_up", None)):
+        return adapter  # type: ignore[return-value]
+    return None
 
 
 class AdapterError(Exception):

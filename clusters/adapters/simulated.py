@@ -3,7 +3,8 @@ command. A job starts the moment it is delivered and ends ``Simulation.duration_
 started, with ``Simulation.exit_code`` (``spec.sim`` of the job; ``ORRERY_SIM_DEFAULT_DURATION_S``
 when it says nothing). Nodes report like any others, through the agent API (a heartbeat traffic
 generator drives them in the demo and the benchmarks). A preempted job has no process to drain:
-it ends as preempted at the next sync.
+it ends as preempted at the next sync. Nodes "power down" (``SupportsPowerSaving``) at once:
+there is no machine to switch off.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ class SimulatedAdapter:
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
         return 0  # nothing runs: a cancelled attempt is no longer asked about
+
+    def power_down(self, cluster: Cluster, node: str) -> None:
+        """Nothing to switch off (``SupportsPowerSaving``): powering a simulated node down is
+        Orrery's own bookkeeping alone, so demos and scale tests can show power saving."""
+
+    def power_up(self, cluster: Cluster, node: str) -> None:
+        """Nothing to switch on (``SupportsPowerSaving``)."""
 
 
 def _duration_s(sim: Simulation | None) -> float:

@@ -103,6 +103,40 @@ def test_a_node_drained_in_slurm_is_drained_in_orrery(slurm):
     assert Node.objects.get(cluster=cluster, name="n3").state == NodeState.NOT_READY  # back to the lifecycle
 
 
+def test_power_saving_asks_slurm_or_says_why_it_cannot(slurm, operator, settings):
+    """The dev cluster's slurmrestd serves v0.0.36–v0.0.38, which cannot update nodes: the action
+    is refused in those words and the node is given back, untouched in Slurm. A slurmrestd of
+    23.02 or later takes the request (or Slurm refuses it without a SuspendProgram, and says so)."""
+    from clusters.adapters.slurm.api import NODE_UPDATE_VERSIONS
+    from clusters.adapters.slurm.inventory import client_for
+    from clusters.services.power import power_down_nodes
+
+    settings.ORRERY_POWER_IDLE_S, settings.ORRERY_POWER_KEEP_IDLE = 0, 0
+    cluster = _onboard(slurm)
+    Cluster.objects.filter(pk=cluster.pk).update(power_saving=True)
+    n4 = Node.objects.get(cluster=cluster, name="n4")
+    updates = client_for(cluster)._served(NODE_UPDATE_VERSIONS)
+    try:
+        result = power_down_nodes(cluster, [n4.pk], actor=operator)
+    finally:
+        if updates:
+            subprocess.run(["scontrol", "update", "nodename=n4", "state=power_up"], timeout=30)
+    n4.refresh_from_db()
+    sinfo = subprocess.run(
+        ["sinfo", "-h", "-n", "n4", "-o", "%T"], capture_output=True, text=True, timeout=30
+    )
+    if result.done:
+        assert updates and (n4.state, n4.power_state) == (NodeState.DRAINED, "suspended")
+        assert "power" in sinfo.stdout.lower(), sinfo.stdout
+        return
+    assert len(result.refused) == 1
+    if not updates:
+        assert "power saving needs API v0.0.39 or later" in result.refused[0]
+    assert (n4.state, n4.power_state) == (NodeState.READY, "on")  # given back
+    assert sinfo.stdout.strip() == "idle", sinfo.stdout
+    assert list(n4.events.values_list("to_state", flat=True)) == [NodeState.DRAINED, NodeState.READY]
+
+
 def slurm_job(name: str, run: str, gpus: str = "a100:1", **spec) -> dict:
     """A job spec for the dev Slurm cluster ``hpc``, in alice's project."""
     return {

@@ -1,5 +1,5 @@
 """Running attempts on a Slurm cluster: dispatch on the nodes and GPUs the scheduler chose,
-state sync, output, cancel, and the signal of a preemption.
+state sync, output, cancel, the signal of a preemption, and powering idle nodes down and up.
 
 Dispatch uses ``sbatch`` (slurmrestd 22.05 cannot pin a node list) with the cluster's
 ``slurm_conf``, as the attempt's own POSIX account (``sbatch --uid``, see ``accounts``);
@@ -137,6 +137,15 @@ class SlurmAdapter:
             except SlurmError as exc:
                 log.warning("could not cancel Slurm job %s: %s", remote_id, exc)
         return done
+
+    def power_down(self, cluster: Cluster, node: str) -> None:
+        """Power the node down through Slurm's power saving (``SupportsPowerSaving``): Slurm runs
+        its ``SuspendProgram``, and powers the node up again by itself if a job is started there."""
+        client_for(cluster).set_node_state(node, "POWER_DOWN")
+
+    def power_up(self, cluster: Cluster, node: str) -> None:
+        """Power the node up through Slurm's ``ResumeProgram`` (``SupportsPowerSaving``)."""
+        client_for(cluster).set_node_state(node, "POWER_UP")
 
     def signal(self, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int) -> int:
         """Signal running Slurm jobs (``SupportsSignal``): the batch script and everything it

@@ -1,4 +1,5 @@
-"""Talking to a Slurm cluster through slurmrestd (OpenAPI v0.0.36–v0.0.38, Slurm 22.05+).
+"""Talking to a Slurm cluster through slurmrestd (OpenAPI v0.0.36–v0.0.38, Slurm 22.05+; node
+updates for power saving through v0.0.39 or later, Slurm 23.02+).
 
 Two parts: pure functions that map Slurm's answers to Orrery's terms (tested on recorded
 output), and ``SlurmClient``, a small HTTP client that authenticates with a JWT
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,12 @@ from clusters.adapters.base import AdapterError
 from clusters.choices import NodeState
 
 VERSIONS = ("v0.0.38", "v0.0.37", "v0.0.36")
+# Node updates (``POST node/{name}``, power saving) came with v0.0.39 (Slurm 23.02). Orrery never
+# posts to an older version: v0.0.36–v0.0.38 ignore the method and answer a POST like a GET, so the
+# node would silently stay as it was.
+NODE_UPDATE_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39")
+# The node states Orrery asks Slurm for (``scontrol update nodename=… state=…``).
+POWER_STATES = frozenset({"POWER_DOWN", "POWER_UP"})
 _GRES = re.compile(r"^gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 
 # Slurm node states (base state, lowercase as slurmrestd gives them) → Orrery's. Flags such as
@@ -138,6 +146,31 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
     return nodes
 
 
+def node_update(version: str, node: str, state: str) -> tuple[str, str, dict[str, Any]]:
+    """The request that asks slurmrestd to move ``node`` to ``state``: method, path and body
+    (``{"state": ["POWER_DOWN"]}``). The name is quoted whole into the path: a name with ``/`` or
+    ``?`` in it cannot reach another endpoint."""
+    if version not in NODE_UPDATE_VERSIONS:
+        raise SlurmError(f"slurmrestd {version} cannot update nodes (v0.0.39 or later, Slurm 23.02+)")
+    if state not in POWER_STATES:
+        raise SlurmError(f"not a power state Orrery asks for: {state!r}")
+    if not node or len(node) > 255:
+        raise SlurmError(f"not a node name: {node!r}")
+    return "POST", f"/slurm/{version}/node/{urllib.parse.quote(node, safe='')}", {"state": [state]}
+
+
+def update_errors(answer: dict[str, Any]) -> str:
+    """What went wrong in a node update slurmrestd answered with 200 ("" for nothing): the
+    newer versions report refusals in ``errors`` of an otherwise ordinary answer."""
+    errors = answer.get("errors") or []
+    if not isinstance(errors, list):
+        return str(errors)[:300]
+    words = [
+        str(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors
+    ]
+    return "; ".join(w for w in words if w)[:300]
+
+
 class SlurmError(AdapterError):
     """What is wrong, in words an operator can act on; ``field`` names the onboarding setting
     at fault (``url`` or ``token``), when one is. ``slurmrestd`` is true when a slurmrestd
@@ -163,6 +196,7 @@ class SlurmClient:
     def __init__(self, url: str, token: str, user: str = "root", timeout: float = 10.0) -> None:
         self.url, self.token, self.user, self.timeout = url.rstrip("/"), token, user, timeout
         self.version: str | None = None
+        self.update_version: str | None = None
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -213,18 +247,24 @@ class SlurmClient:
 
     def connect(self) -> str:
         """Find the newest supported API version; ``SlurmError`` says why not."""
-        for version in VERSIONS:
+        self.version = self._served(VERSIONS)
+        if self.version is None:
+            raise SlurmError(
+                f"slurmrestd serves none of the API versions Orrery speaks ({', '.join(VERSIONS)})", "url"
+            )
+        return self.version
+
+    def _served(self, versions: tuple[str, ...]) -> str | None:
+        """The first of ``versions`` the server answers a ping on (None: none of them)."""
+        for version in versions:
             try:
                 self._request("GET", f"/slurm/{version}/ping")
             except SlurmError as exc:
                 if str(exc).startswith("not found"):
                     continue
                 raise
-            self.version = version
             return version
-        raise SlurmError(
-            f"slurmrestd serves none of the API versions Orrery speaks ({', '.join(VERSIONS)})", "url"
-        )
+        return None
 
     def _path(self, rest: str) -> str:
         if self.version is None:
@@ -249,3 +289,19 @@ class SlurmClient:
         if not signal.isalnum():
             raise SlurmError(f"not a signal name: {signal!r}")
         self._request("DELETE", self._path(f"job/{job_id}?signal={signal}"))
+
+    def set_node_state(self, node: str, state: str) -> None:
+        """Ask Slurm to move a node to ``state`` (``POWER_DOWN``, ``POWER_UP``) — what
+        ``scontrol update nodename=NODE state=STATE`` does — through the newest API version that
+        updates nodes. ``SlurmError`` says why not: a slurmrestd too old for it, a refusal."""
+        if self.update_version is None:
+            self.update_version = self._served(NODE_UPDATE_VERSIONS)
+        if self.update_version is None:
+            raise SlurmError(
+                f"slurmrestd at {self.url} cannot update nodes: power saving needs API v0.0.39 or later "
+                "(Slurm 23.02+)"
+            )
+        method, path, body = node_update(self.update_version, node, state)
+        refused = update_errors(self._request(method, path, body))
+        if refused:
+            raise SlurmError(f"Slurm refused {state} for {node}: {refused}")
