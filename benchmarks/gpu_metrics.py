@@ -158,7 +158,7 @@ def dcgm_query():
     from clusters.dcgm import _LABEL_COLUMNS, GPU_METRICS
     from clusters.models import GpuDevice
 
-    since = timezone.now() - timedelta(seconds=settings.ORRERY_TELEMETRY_FRESH_S)
+    since = timezone.now() - timedelta(seconds=settings.ORRERY_TELEMETRY_STALE_S)
     columns = (*_LABEL_COLUMNS, *(column for _, _, column in GPU_METRICS))
     return GpuDevice.objects.filter(telemetry_at__gte=since).order_by().values_list(*columns)
 

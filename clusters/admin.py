@@ -267,7 +267,7 @@ class ClusterAdmin(admin.ModelAdmin):
             "may_act": request.user.has_perm("clusters.change_node"),
             "idle_s": settings.ORRERY_POWER_IDLE_S,
             "keep_idle": settings.ORRERY_POWER_KEEP_IDLE,
-            "fresh_s": settings.ORRERY_TELEMETRY_FRESH_S,
+            "fresh_s": settings.ORRERY_TELEMETRY_STALE_S,
             "base_w": settings.ORRERY_POWER_NODE_BASE_W,
             "gpu_share": round(GPU_IDLE_SHARE * 100),
         }

@@ -9,7 +9,7 @@ Per GPU with fresh telemetry, four gauges (help texts as the exporter words them
 
 labelled as the exporter labels them — ``gpu`` (the index), ``UUID``, ``Hostname`` (the node's
 name), ``modelName`` (the catalog model's name) — plus ``cluster``, Orrery's own (node names are
-unique per cluster only). A GPU whose telemetry is older than ``ORRERY_TELEMETRY_FRESH_S`` is
+unique per cluster only). A GPU whose telemetry is older than ``ORRERY_TELEMETRY_STALE_S`` is
 left out rather than reported as current, as the exporter of a dead node would be; a reading a
 GPU did not give (null) is left out of that gauge alone.
 
@@ -50,7 +50,7 @@ _CHUNK = 5000  # lines per piece of a streamed answer
 
 def fresh_gpu_rows(now: datetime | None = None) -> list[GpuRow]:
     """Every GPU whose telemetry is fresh, in one query: label columns, then values."""
-    since = (now or timezone.now()) - timedelta(seconds=settings.ORRERY_TELEMETRY_FRESH_S)
+    since = (now or timezone.now()) - timedelta(seconds=settings.ORRERY_TELEMETRY_STALE_S)
     columns = (*_LABEL_COLUMNS, *(column for _, _, column in GPU_METRICS))
     # No ordering: Prometheus does not care, and sorting 80,000 rows is the query's main cost.
     return list(GpuDevice.objects.filter(telemetry_at__gte=since).order_by().values_list(*columns))

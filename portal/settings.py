@@ -470,11 +470,13 @@ NODE_RECOVERY_FRESH = float(
 )
 NODE_FLAP_WINDOW = int(os.environ.get("ORRERY_NODE_FLAP_WINDOW", 900))
 NODE_RECOVERY_MAX = int(os.environ.get("ORRERY_NODE_RECOVERY_MAX", 480))
-# Telemetry a GPU or node reported longer ago than this is stale: /metrics/gpus leaves the GPU
-# out and power estimates stop believing the node's reading. Telemetry reaches the rows every
-# sync-telemetry period, so a live node's reading is up to one period and a heartbeat old.
-ORRERY_TELEMETRY_FRESH_S = float(
-    os.environ.get("ORRERY_TELEMETRY_FRESH_S", 2 * _PERIODIC["sync-telemetry"][1])
+# Telemetry a GPU or node reported longer ago than this is stale, and nothing trusts it:
+# /metrics/gpus leaves the GPU out, power estimates stop believing the node's reading, the energy
+# meter counts no power for it, load-aware placement treats the node as unknown and shared GPUs
+# are placed by allocations alone. Telemetry reaches the rows every sync-telemetry period, so a
+# live node's reading is up to one period and a heartbeat old.
+ORRERY_TELEMETRY_STALE_S = float(
+    os.environ.get("ORRERY_TELEMETRY_STALE_S", 3 * _PERIODIC["sync-telemetry"][1])
 )
 # Power saving (clusters/services/power.py; docs/operations.md, "Power saving"): a ready node
 # with no work for ORRERY_POWER_IDLE_S is recommended for powering down, keeping at least
@@ -495,7 +497,6 @@ ORRERY_SCHEDULER_RESYNC_S = float(os.environ.get("ORRERY_SCHEDULER_RESYNC_S", 60
 # Telemetry the scheduler reads (load-aware placement, shared GPUs' memory in use): re-read every
 # ORRERY_SCHEDULER_TELEMETRY_S; a reading older than ORRERY_TELEMETRY_STALE_S is not trusted.
 ORRERY_SCHEDULER_TELEMETRY_S = float(os.environ.get("ORRERY_SCHEDULER_TELEMETRY_S", 30))
-ORRERY_TELEMETRY_STALE_S = float(os.environ.get("ORRERY_TELEMETRY_STALE_S", 180))
 ORRERY_SCHEDULER_MAX_PLACEMENTS = int(os.environ.get("ORRERY_SCHEDULER_MAX_PLACEMENTS", 20_000))
 ORRERY_SCHEDULER_EXPLAIN_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_EXPLAIN_BUDGET", 5_000))
 # Predicted start times written per cycle at most (only those that moved are written).

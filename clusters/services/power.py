@@ -12,7 +12,7 @@
 * no job waits for free GPUs of its model (reason ``Resources``; the ``waiting_demand`` port).
 
 Watts saved: the node's own reading (``Node.power_w``) when its last report is fresher than
-``ORRERY_TELEMETRY_FRESH_S`` ("measured"); otherwise ``ORRERY_POWER_NODE_BASE_W`` plus 15 % of
+``ORRERY_TELEMETRY_STALE_S`` ("measured"); otherwise ``ORRERY_POWER_NODE_BASE_W`` plus 15 % of
 each GPU's TDP, what an idle data-centre GPU draws ("estimated").
 
 **Actions** — only on clusters whose adapter ``SupportsPowerSaving`` and whose
@@ -210,7 +210,7 @@ def idle_nodes(now: datetime, cluster_ids: Iterable[int] | None = None) -> list[
             reported_at,
             (tdp for _, tdp in devices),
             now,
-            fresh_s=settings.ORRERY_TELEMETRY_FRESH_S,
+            fresh_s=settings.ORRERY_TELEMETRY_STALE_S,
             base_w=settings.ORRERY_POWER_NODE_BASE_W,
         )
         last = released.get(pk)

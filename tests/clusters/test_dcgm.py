@@ -46,7 +46,7 @@ def telemetry(node, index: int, *, age_s: float = 5, **values) -> None:
 
 @pytest.fixture
 def scraped(settings):
-    settings.ORRERY_TELEMETRY_FRESH_S = 120
+    settings.ORRERY_TELEMETRY_STALE_S = 120
     node = make_node(make_cluster("sim-g"), gpus=2, model="h100", name="g-001")
     telemetry(node, 0)
     telemetry(node, 1, age_s=600)  # stale: its node went quiet ten minutes ago
@@ -82,7 +82,7 @@ def test_stale_gpus_are_left_out_and_missing_readings_skipped(scraped):
 
 
 def test_label_values_are_escaped(settings):
-    settings.ORRERY_TELEMETRY_FRESH_S = 120
+    settings.ORRERY_TELEMETRY_STALE_S = 120
     node = make_node(make_cluster("sim-e"), gpus=1, name='evil"} 1\nDCGM_FI_DEV_GPU_UTIL{gpu="9')
     telemetry(node, 0)
     text = "".join(exposition(fresh_gpu_rows()))
@@ -91,7 +91,7 @@ def test_label_values_are_escaped(settings):
 
 
 def test_one_query_whatever_the_number_of_gpus(settings, django_assert_num_queries):
-    settings.ORRERY_TELEMETRY_FRESH_S = 120
+    settings.ORRERY_TELEMETRY_STALE_S = 120
     for i in range(3):
         node = make_node(make_cluster(f"sim-q{i}"), gpus=8, name=f"q{i}")
         for index in range(8):
