@@ -1,5 +1,5 @@
-"""Reads of accounting: the history of finished jobs (``sacct``) and usage totals
-(``sreport``).
+"""Reads of accounting: the history of finished jobs (``sacct``), usage totals (``sreport``),
+and a job's energy.
 
 The history reads ``Job`` through the partial indexes on ``finished_at``
 (``job_finished_idx``, ``job_owner_finished_idx``, ``job_project_finished_idx``), newest first,
@@ -21,7 +21,7 @@ from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth, TruncWeek
 
 from clusters.models import GpuModel
-from scheduling.models import Job, UsageDay, UsageMonth, UsageProjectDay
+from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth, UsageProjectDay
 
 # The columns of a history row, in sacct's spirit; every value is plain JSON.
 HISTORY_COLUMNS = (
@@ -116,6 +116,24 @@ def history_row(raw: dict[str, Any]) -> dict[str, Any]:
         "exitCode": raw["exit_code"],
         "cluster": raw["ran_on"],
         "attempts": raw["attempt_count"],
+    }
+
+
+def job_energy(job: Job) -> dict[str, float]:
+    """The energy of ``job`` over all its attempts: ``{"kwh", "cost", "co2Kg"}`` (see
+    ``attempt_energy``). Reads the attempts prefetched with its placement
+    (``scheduling.selectors.jobs_with_placement``, or ``job_placement`` called before); one
+    query otherwise."""
+    return attempt_energy(*job.attempts.all())
+
+
+def attempt_energy(*attempts: JobAttempt) -> dict[str, float]:
+    """What ``attempts`` drew, as the meter read it (``scheduling.services.energy``): energy in
+    kWh, its cost in the clusters' currency and CO₂ in kg, summed."""
+    return {
+        "kwh": round(sum(a.energy_wh for a in attempts) / 1000, 4),
+        "cost": round(sum(a.energy_cost for a in attempts), 4),
+        "co2Kg": round(sum(a.co2_g for a in attempts) / 1000, 4),
     }
 
 
