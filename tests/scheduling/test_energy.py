@@ -4,11 +4,12 @@ the last reading when an attempt ends, and what accounting makes of it."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from clusters.models import GpuDevice, MigInstance, Node
@@ -18,7 +19,7 @@ from scheduling.services import energy
 from scheduling.services.allocations import NodePlacement, bind_job
 from scheduling.services.energy import meter_energy, share
 from scheduling.services.transitions import transition_job, transition_jobs
-from tests.factories import make_cluster, make_job, make_node
+from tests.factories import make_cluster, make_job, make_node, make_project, make_queue, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -228,3 +229,38 @@ def test_accounting_adds_the_energy_of_every_attempt(alice, queue, node, meter_p
         assert row.energy_cost == pytest.approx(sum(a.energy_cost for a in attempts))
         assert row.co2_g == pytest.approx(sum(a.co2_g for a in attempts))
         assert row.co2_g == pytest.approx(wh / 1000 * 400)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="two connections at once need PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_reading_waiting_on_an_ending_attempt_adds_nothing_more():
+    """The attempt's end (with its last reading) holds the row; the meter's reading waits on it,
+    then finds the attempt ended and leaves it: its last 30 s are counted once."""
+    alice = make_user("alice")
+    queue = make_queue(make_project("vision", members=(alice,)))
+    cluster = make_cluster("sim-a", energy_price_per_kwh=Decimal("0.25"), carbon_g_per_kwh=400)
+    node = make_node(cluster, gpus=2, name="a0")
+    GpuDevice.objects.filter(node=node).update(power_w=WATTS, telemetry_at=timezone.now())
+    job, attempt = running(alice, queue, node)
+    ended, errors = threading.Event(), []
+
+    def end() -> None:
+        try:
+            with transaction.atomic():
+                transition_job(job.pk, JobState.SUCCEEDED)
+                ended.set()
+                threading.Event().wait(0.3)  # hold the attempt's row while the meter reads
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            ended.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=end)
+    thread.start()
+    ended.wait(5)
+    assert meter_energy() == 0
+    thread.join(5)
+    assert errors == []
+    assert read(attempt)[0] == pytest.approx(2 * WATTS * 30 / 3600, rel=1e-2)
+    assert UsageDay.objects.get().energy_wh == pytest.approx(read(attempt)[0])
