@@ -220,8 +220,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CONSUMER = "portal.celery:Consumer"
 ORRERY_CELERY_RECONNECT_MAX_S = float(os.environ.get("ORRERY_CELERY_RECONNECT_MAX_S", 1.0))
-# The energy meter's period (scheduling/services/energy.py; docs/operations.md, "Energy"): each
-# reading adds what an active attempt's GPUs drew since the last one, at most three periods' worth.
+# The energy meter's period (scheduling/services/energy.py; docs/operations.md, "Energy
+# metering"): each reading adds what an active attempt's GPUs drew since the last one, at most
+# three periods' worth.
 ORRERY_ENERGY_METER_S = float(os.environ.get("ORRERY_ENERGY_METER_S", 60))
 if not ORRERY_ENERGY_METER_S > 0:
     raise ImproperlyConfigured(
