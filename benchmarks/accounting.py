@@ -220,7 +220,8 @@ def roll_up() -> int:
         cursor.execute(
             """SELECT (j.finished_at AT TIME ZONE 'UTC')::date, j.project_id, j.queue_id, j.owner_id,
                       m.slug, j.ran_on, j.state, count(*), sum(j.gpu_seconds),
-                      sum(extract(epoch FROM j.finished_at - j.started_at))::bigint
+                      sum(extract(epoch FROM j.finished_at - j.started_at))::bigint,
+                      0::float8, 0::float8, 0::float8  -- energy, cost, CO2: no attempts were metered
                FROM scheduling_job j JOIN clusters_gpumodel m ON m.id = j.gpu_model_id
                GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7"""
         )

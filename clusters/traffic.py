@@ -13,6 +13,11 @@ sends every report through ``/api/v1/agent/…`` like any collector or agent.
 * ``per-node`` mode: every node registers with a join token and heartbeats on its own
   (``agent/register``, then ``agent/heartbeat``).
 
+A GPU reports load as a job would put on it: each round the traffic asks which GPUs of its
+nodes active allocations hold (the ``held_gpus`` port; it runs next to the server), and those
+run busy, near their model's TDP, while the others idle at a tenth of it — so the telemetry
+averages, the fleet's power charts and the energy meter see what the simulated jobs would draw.
+
 With ``fail_rate`` each live node may die at each interval (it stops reporting for one to ten
 minutes, then comes back with a new boot id), so the lifecycle has something to do.
 
@@ -37,13 +42,16 @@ from typing import Any
 
 import orjson
 
+from clusters import ports
 from clusters.choices import ClusterKind, ClusterState
-from clusters.models import Cluster, GpuModel
+from clusters.models import Cluster, GpuModel, Node
 from clusters.services.credentials import create_join_token, issue_cluster_credential
 
 log = logging.getLogger(__name__)
 MODELS = ["h100-80g", "a100-80g", "l40s-48g", "h200-141g"]
 CHUNK = 1000
+IDLE_POWER = 0.12  # of TDP: what an idle data-centre GPU draws, roughly (an idle H100: ~80 of 700 W)
+DEFAULT_TDP_W = 700.0  # for a model the catalog does not know
 
 
 class TrafficError(Exception):
@@ -52,7 +60,7 @@ class TrafficError(Exception):
 
 @dataclass
 class TrafficNode:
-    """One made-up node: its identity, the sequence of its reports and its GPUs' load."""
+    """One made-up node: its identity, the sequence of its reports and its GPUs' power limit."""
 
     name: str
     cluster: str
@@ -62,24 +70,23 @@ class TrafficNode:
     seq: int = 0
     dead_until: float = 0.0
     credential: str = ""
-    busy: list[float] = field(default_factory=list)
     retry_at: float = 0.0  # asked to wait (Retry-After) until then
+    tdp_w: float = DEFAULT_TDP_W
+    node_id: int | None = None
 
-    def report(self, now: float) -> dict[str, Any]:
+    def report(self, now: float, held: set[int] | frozenset[int] = frozenset()) -> dict[str, Any]:
+        """The node's next report; the GPUs of ``held`` (indices) run a job, the others idle."""
         self.seq += 1
-        if not self.busy:
-            self.busy = [random.choice((0.0, 0.0, 35.0, 90.0)) for _ in range(self.gpus)]
         gpus = []
         for i in range(self.gpus):
-            util = min(100.0, max(0.0, self.busy[i] + random.uniform(-8, 8)))
-            self.busy[i] = util
+            util = random.uniform(88.0, 100.0) if i in held else random.uniform(0.0, 2.0)
             gpus.append(
                 {
                     "index": i,
                     "model": self.model,
                     "util": round(util, 1),
                     "memory_used_mb": int(util * 700),
-                    "power_w": round(80 + util * 6, 1),
+                    "power_w": round(gpu_power(self.tdp_w, util), 1),
                     "temp_c": round(35 + util * 0.4, 1),
                     "health": "healthy",
                 }
@@ -114,6 +121,12 @@ class TrafficNode:
                 for i in range(self.gpus)
             ],
         }
+
+
+def gpu_power(tdp_w: float, util: float) -> float:
+    """What a GPU at ``util`` % draws: a tenth or so of its TDP idle, rising with load to the
+    TDP at full load."""
+    return tdp_w * (IDLE_POWER + (1 - IDLE_POWER) * util / 100)
 
 
 class _Http:
@@ -231,6 +244,17 @@ class HeartbeatTraffic:
         else:
             with ThreadPoolExecutor(self.threads) as pool:
                 list(pool.map(self._register, self.nodes))
+        self._learn_nodes()
+
+    def _learn_nodes(self) -> None:
+        """Each node's id (what allocations name) and its model's TDP, from the database."""
+        models = GpuModel.objects.filter(slug__in={n.model for n in self.nodes})
+        tdps = dict(models.values_list("slug", "tdp_watts"))
+        nodes = Node.objects.filter(cluster__name__in=self.clusters)
+        ids = {(cluster, name): pk for cluster, name, pk in nodes.values_list("cluster__name", "name", "pk")}
+        for node in self.nodes:
+            node.tdp_w = float(tdps.get(node.model, DEFAULT_TDP_W))
+            node.node_id = ids.get((node.cluster, node.name))
 
     def _register(self, node: TrafficNode) -> None:
         status, body = self.http.post(
@@ -273,18 +297,27 @@ class HeartbeatTraffic:
         """Send one round of reports; returns how many node reports were accepted."""
         now = time.time()
         live = self.alive(now)
+        held = self._held(live)
         if self.mode == "batched":
             jobs = []
             for cluster in self.clusters:
                 members = [n for n in live if n.cluster == cluster]
                 jobs += [(cluster, members[i : i + CHUNK]) for i in range(0, len(members), CHUNK)]
             with ThreadPoolExecutor(min(self.threads, max(len(jobs), 1))) as pool:
-                return sum(pool.map(lambda job: self._send_batch(job[0], job[1], now), jobs))
+                return sum(pool.map(lambda job: self._send_batch(job[0], job[1], now, held), jobs))
         with ThreadPoolExecutor(self.threads) as pool:
-            return sum(pool.map(lambda node: self._send_one(node, now), live))
+            return sum(pool.map(lambda node: self._send_one(node, now, held), live))
 
-    def _send_batch(self, cluster: str, nodes: list[TrafficNode], now: float) -> int:
-        body = {"cluster": cluster, "nodes": [n.report(now) for n in nodes]}
+    @staticmethod
+    def _held(nodes: list[TrafficNode]) -> dict[int, set[int]]:
+        """``{node id: GPU indices held by active allocations}`` of ``nodes``, in one query."""
+        ids = [n.node_id for n in nodes if n.node_id is not None]
+        return ports.held_gpus()(ids) if ids else {}
+
+    def _send_batch(
+        self, cluster: str, nodes: list[TrafficNode], now: float, held: dict[int, set[int]]
+    ) -> int:
+        body = {"cluster": cluster, "nodes": [n.report(now, held.get(n.node_id, set())) for n in nodes]}
         status, answer = self.http.post("/api/v1/agent/report", body, self.credentials[cluster])
         self.sent += len(nodes)
         if status != 200:
@@ -296,8 +329,9 @@ class HeartbeatTraffic:
             return 0
         return answer["accepted"]
 
-    def _send_one(self, node: TrafficNode, now: float) -> int:
-        status, answer = self.http.post("/api/v1/agent/heartbeat", node.report(now), node.credential)
+    def _send_one(self, node: TrafficNode, now: float, held: dict[int, set[int]]) -> int:
+        report = node.report(now, held.get(node.node_id, set()))
+        status, answer = self.http.post("/api/v1/agent/heartbeat", report, node.credential)
         self.sent += 1
         if status != 200:
             self.refused += 1

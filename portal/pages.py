@@ -31,6 +31,7 @@ from portal.api.errors import InputError
 from portal.api.filters import filter_jobs
 from portal.api.serializers import reason_sentence
 from portal.selectors import array_summaries, one_row_per_array
+from scheduling.accounting_selectors import attempt_energy, job_energy
 from scheduling.choices import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobState, PendingReason
 from scheduling.models import Job, JobAttempt
 from scheduling.selectors import (
@@ -218,9 +219,19 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "action_sources": {a: sorted(states) for a, states in ACTION_SOURCES.items()},
         "output_notes": output_notes(job, placement.attempt if placement else None),
         "output_phases": OUTPUT_PHASES,
+        # read from the attempts job_placement prefetched: no query of its own
+        "energy": job_energy(job) if placement else None,
+        "energy_by_attempt": _energy_by_attempt(job) if placement else [],
     }
     context["output_note"] = context["output_notes"][OUTPUT_PHASES[job.state]]
     return render(request, "portal/job.html", context)
+
+
+def _energy_by_attempt(job: Job) -> list[tuple[int, dict[str, float]]]:
+    """``[(attempt number, its energy)]`` when the job ran more than once (a requeue, a
+    preemption); empty otherwise, as the job's total says it all."""
+    attempts = list(job.attempts.all())
+    return [(a.number, attempt_energy(a)) for a in attempts] if len(attempts) > 1 else []
 
 
 # Where a job is in its life, for what its output box says while there is no output.

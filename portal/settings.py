@@ -220,6 +220,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CONSUMER = "portal.celery:Consumer"
 ORRERY_CELERY_RECONNECT_MAX_S = float(os.environ.get("ORRERY_CELERY_RECONNECT_MAX_S", 1.0))
+# The energy meter's period (scheduling/services/energy.py; docs/operations.md, "Energy
+# metering"): each reading adds what an active attempt's GPUs drew since the last one, at most
+# three periods' worth.
+ORRERY_ENERGY_METER_S = float(os.environ.get("ORRERY_ENERGY_METER_S", 60))
+if not ORRERY_ENERGY_METER_S > 0:
+    raise ImproperlyConfigured(
+        f"ORRERY_ENERGY_METER_S={ORRERY_ENERGY_METER_S}: use a number of seconds above 0."
+    )
 # Periodic work. Each entry expires before its next run, so a worker that falls behind never
 # works through a backlog of stale passes.
 _PERIODIC = {
@@ -227,6 +235,7 @@ _PERIODIC = {
     "node-lifecycle": ("clusters.tasks.node_lifecycle_task", 5.0),
     "sync-telemetry": ("clusters.tasks.sync_telemetry_task", 60.0),
     "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
+    "meter-energy": ("scheduling.tasks.meter_energy_task", ORRERY_ENERGY_METER_S),
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),
     "scheduling-cycle": ("scheduling.tasks.scheduling_cycle_task", 1.0),
     # every kind: deliver the outbox; sync polled clusters at their adapter's own interval
@@ -253,6 +262,7 @@ _TASK_ROLES = {
     "clusters.tasks.node_lifecycle_task": "ingest",
     "clusters.tasks.sync_telemetry_task": "aggregation",
     "clusters.tasks.prune_metrics_task": "aggregation",
+    "scheduling.tasks.meter_energy_task": "aggregation",
     "scheduling.tasks.scheduling_cycle_task": "scheduling",
     "scheduling.tasks.sweep_lost_nodes_task": "scheduling",
     "scheduling.tasks.release_budget_holds_task": "scheduling",
@@ -489,6 +499,20 @@ ORRERY_POWER_NODE_BASE_W = float(os.environ.get("ORRERY_POWER_NODE_BASE_W", 250)
 # suggests is ORRERY_INGEST_RETRY_AFTER_S plus up to as much again of jitter (also for 503).
 ORRERY_INGEST_MAX_IN_FLIGHT = int(os.environ.get("ORRERY_INGEST_MAX_IN_FLIGHT", 16))
 ORRERY_INGEST_RETRY_AFTER_S = int(os.environ.get("ORRERY_INGEST_RETRY_AFTER_S", 5))
+
+# Telemetry averages (clusters/services/aggregation.py, sync_telemetry): each GPU's utilisation,
+# memory and temperature averages move by ORRERY_TELEMETRY_EMA_ALPHA of the way to each new
+# reading. A reading is fresh for ORRERY_TELEMETRY_FRESH_S (three telemetry syncs): an average
+# whose last reading is older starts again from the new one, and the energy meter counts no power
+# from a GPU whose latest reading is older.
+ORRERY_TELEMETRY_EMA_ALPHA = float(os.environ.get("ORRERY_TELEMETRY_EMA_ALPHA", 0.3))
+if not 0 < ORRERY_TELEMETRY_EMA_ALPHA <= 1:
+    raise ImproperlyConfigured(
+        f"ORRERY_TELEMETRY_EMA_ALPHA={ORRERY_TELEMETRY_EMA_ALPHA}: use a fraction above 0 and at most 1."
+    )
+ORRERY_TELEMETRY_FRESH_S = float(
+    os.environ.get("ORRERY_TELEMETRY_FRESH_S", 3 * _PERIODIC["sync-telemetry"][1])
+)
 
 # The scheduler (scheduling/engine/policies.py documents the profile).
 # None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.

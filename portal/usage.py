@@ -1,7 +1,8 @@
 """The usage page: GPU-hours per day stacked by project (or by user), and per GPU model, over a
-period, with the totals as tables. It reads the same roll-up and follows the same visibility
-rules as ``GET /api/v1/accounting/usage`` (``portal.api.accounting``); the charts are drawn by
-``static/portal/usage.js`` from data the page carries as JSON."""
+period, with the totals — GPU-hours, energy (kWh), its cost and CO₂ (kg) — as tables. It reads
+the same roll-up and follows the same visibility rules as ``GET /api/v1/accounting/usage``
+(``portal.api.accounting``); the charts are drawn by ``static/portal/usage.js`` from data the
+page carries as JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 
 from portal.access import usage_scope
-from portal.api.accounting import parse_usage
+from portal.api.accounting import parse_usage, usage_total
 from portal.api.errors import InputError
 from scheduling.accounting_selectors import UsageQuery, usage_report
 
@@ -51,8 +52,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
             "errors": errors,
             "totals": totals,
             "models": models,
-            "total_hours": round(sum(r["gpuHours"] for r in totals), 1),
-            "total_jobs": sum(r["jobs"] for r in totals),
+            "total": usage_total(totals),
             "chart": chart,
         },
     )

@@ -1,5 +1,5 @@
-"""Reads of accounting: the history of finished jobs (``sacct``) and usage totals
-(``sreport``).
+"""Reads of accounting: the history of finished jobs (``sacct``), usage totals (``sreport``),
+and a job's energy.
 
 The history reads ``Job`` through the partial indexes on ``finished_at``
 (``job_finished_idx``, ``job_owner_finished_idx``, ``job_project_finished_idx``), newest first,
@@ -21,7 +21,7 @@ from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth, TruncWeek
 
 from clusters.models import GpuModel
-from scheduling.models import Job, UsageDay, UsageMonth, UsageProjectDay
+from scheduling.models import Job, JobAttempt, UsageDay, UsageMonth, UsageProjectDay
 
 # The columns of a history row, in sacct's spirit; every value is plain JSON.
 HISTORY_COLUMNS = (
@@ -119,6 +119,24 @@ def history_row(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def job_energy(job: Job) -> dict[str, float]:
+    """The energy of ``job`` over all its attempts: ``{"kwh", "cost", "co2Kg"}`` (see
+    ``attempt_energy``). Reads the attempts prefetched with its placement
+    (``scheduling.selectors.jobs_with_placement``, or ``job_placement`` called before); one
+    query otherwise."""
+    return attempt_energy(*job.attempts.all())
+
+
+def attempt_energy(*attempts: JobAttempt) -> dict[str, float]:
+    """What ``attempts`` drew, as the meter read it (``scheduling.services.energy``): energy in
+    kWh, its cost in the clusters' currency and CO₂ in kg, summed."""
+    return {
+        "kwh": round(sum(a.energy_wh for a in attempts) / 1000, 4),
+        "cost": round(sum(a.energy_cost for a in attempts), 4),
+        "co2Kg": round(sum(a.co2_g for a in attempts) / 1000, 4),
+    }
+
+
 def _iso(when: datetime | None) -> str | None:
     return when.isoformat().replace("+00:00", "Z") if when else None
 
@@ -183,32 +201,55 @@ class UsageQuery:
     filters: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
+# What a report sums over the roll-up rows of a group: the annotation's name, the column.
+_SUMS = {
+    "jobs_": "jobs",
+    "gpu_s": "gpu_seconds",
+    "run_s": "elapsed_seconds",
+    "wh": "energy_wh",
+    "cost": "energy_cost",
+    "co2": "co2_g",
+}
+
+
 def usage_report(scope: Q, query: UsageQuery, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """Jobs, GPU-seconds and run seconds of the roll-up rows in ``scope``, one row per group of
-    ``query.by``, sorted by those keys: each has its keys (dates as ISO strings), ``jobs``,
-    ``gpuSeconds``, ``gpuHours`` and ``elapsedSeconds``; at most ``limit`` groups. One grouped
-    query per part of the period (``usage_querysets``), merged here."""
+    """Jobs, GPU-seconds, run seconds and energy of the roll-up rows in ``scope``, one row per
+    group of ``query.by``, sorted by those keys: each has its keys (dates as ISO strings) and
+    the measures of ``usage_measures``; at most ``limit`` groups. One grouped query per part of
+    the period (``usage_querysets``), merged here."""
     keys = usage_keys(query)
-    merged: dict[tuple[Any, ...], list[int]] = {}
+    merged: dict[tuple[Any, ...], list[float]] = {}
     for part in usage_querysets(scope, query):
         for row in part[:limit] if limit is not None else part:
-            measures = merged.setdefault(tuple(_plain(row[f"k_{k}"]) for k in keys), [0, 0, 0])
-            measures[0] += row["jobs_"]
-            measures[1] += row["gpu_s"]
-            measures[2] += row["run_s"]
+            measures = merged.setdefault(tuple(_plain(row[f"k_{k}"]) for k in keys), [0] * len(_SUMS))
+            for i, name in enumerate(_SUMS):
+                measures[i] += row[name] or 0
     names = {k: names_of(k, {group[i] for group in merged}) for i, k in enumerate(keys) if k in _NAMED}
     rows = [
         {
             **{k: names[k].get(group[i], "") if k in names else group[i] for i, k in enumerate(keys)},
-            "jobs": jobs,
-            "gpuSeconds": gpu_s,
-            "gpuHours": round(gpu_s / 3600, 3),
-            "elapsedSeconds": run_s,
+            **usage_measures(*sums),
         }
-        for group, (jobs, gpu_s, run_s) in merged.items()
+        for group, sums in merged.items()
     ]
     rows.sort(key=lambda row: tuple(row[k] for k in keys))
     return rows[:limit] if limit is not None else rows
+
+
+def usage_measures(
+    jobs: int, gpu_seconds: int, elapsed_seconds: int, energy_wh: float, energy_cost: float, co2_g: float
+) -> dict[str, Any]:
+    """A report's measures in the API's names and units: ``jobs``, ``gpuSeconds``, ``gpuHours``,
+    ``elapsedSeconds``, ``energyKwh``, ``energyCost`` (in the clusters' currency) and ``co2Kg``."""
+    return {
+        "jobs": jobs,
+        "gpuSeconds": gpu_seconds,
+        "gpuHours": round(gpu_seconds / 3600, 3),
+        "elapsedSeconds": elapsed_seconds,
+        "energyKwh": round(energy_wh / 1000, 3),
+        "energyCost": round(energy_cost, 4),
+        "co2Kg": round(co2_g / 1000, 3),
+    }
 
 
 def usage_keys(query: UsageQuery) -> list[str]:
@@ -237,7 +278,7 @@ def usage_querysets(scope: Q, query: UsageQuery) -> list[QuerySet[Any]]:
         out.append(
             rows.annotate(**{f"k_{k}": _expression(k, period) for k in keys})
             .values(*(f"k_{k}" for k in keys))
-            .annotate(jobs_=Sum("jobs"), gpu_s=Sum("gpu_seconds"), run_s=Sum("elapsed_seconds"))
+            .annotate(**{name: Sum(column) for name, column in _SUMS.items()})
             .order_by()
         )
     return out

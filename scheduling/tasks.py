@@ -10,6 +10,7 @@ from scheduling.dispatch.outbox import drain_outbox
 from scheduling.dispatch.sync import sync_cluster, sync_due_clusters
 from scheduling.engine.cycle import run_cycle
 from scheduling.services.budget_holds import release_due
+from scheduling.services.energy import meter_energy
 from scheduling.services.failover import sweep_lost_nodes
 from scheduling.services.notification_delivery import deliver_due
 
@@ -56,3 +57,8 @@ def deliver_notifications_task() -> int:
 @shared_task(ignore_result=True)
 def release_budget_holds_task() -> int:
     return release_due()
+
+
+@shared_task(ignore_result=True)
+def meter_energy_task() -> int:
+    return meter_energy()

@@ -18,7 +18,8 @@ so nothing is lost. On PostgreSQL each step is one set-based statement over arra
 (``unnest``); on SQLite (the embedded default, small fleets) plain ``executemany``.
 
 ``sync_telemetry`` runs less often (every minute) and copies the latest telemetry of every node
-and GPU onto their rows for the console and the API.
+and GPU onto their rows for the console and the API, and moves each GPU's exponential averages
+of utilisation, memory used and temperature (what load-aware placement reads) towards it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
@@ -335,13 +338,16 @@ def prune_metrics(now: datetime | None = None) -> int:
 
 
 def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
-    """Copy every node's latest telemetry onto its Node and GpuDevice rows; returns nodes."""
+    """Copy every node's latest telemetry onto its Node and GpuDevice rows, and fold each GPU's
+    into its averages (``ema``); returns nodes. Running it twice on the same records changes no
+    average: only a reading newer than the row's ``telemetry_at`` moves one."""
     latest = (buffer or get_buffer()).latest()
     if not latest:
         return 0
     records = list(latest.values())
     nodes = [(r["n"], _when(r["t"]), r["cpu"], r["mem"], r["pw"]) for r in records]
     gpus = [(r["n"], g[0], g[5], g[4], g[6], g[7], _when(r["t"])) for r in records for g in r["g"]]
+    alpha, fresh = settings.ORRERY_TELEMETRY_EMA_ALPHA, settings.ORRERY_TELEMETRY_FRESH_S
     with transaction.atomic(), connection.cursor() as cursor:
         if is_postgresql():
             cursor.execute(
@@ -356,14 +362,18 @@ def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
             )
             if gpus:
                 cursor.execute(
-                    """
+                    f"""
                     UPDATE clusters_gpudevice d SET utilization = v.util, memory_used_mb = v.mem, power_w = v.pw,
-                        temperature_c = v.temp, telemetry_at = v.at
+                        temperature_c = v.temp, telemetry_at = v.at,
+                        utilization_avg = {_EMA_SQL.format(latest="v.util", avg="d.utilization_avg")},
+                        memory_used_avg_mb = {_EMA_SQL.format(latest="v.mem", avg="d.memory_used_avg_mb")},
+                        temperature_avg_c = {_EMA_SQL.format(latest="v.temp", avg="d.temperature_avg_c")}
                     FROM unnest(%s::bigint[], %s::int[], %s::float8[], %s::int[], %s::float8[], %s::float8[],
-                                %s::timestamptz[]) AS v(node_id, idx, util, mem, pw, temp, at)
+                                %s::timestamptz[]) AS v(node_id, idx, util, mem, pw, temp, at),
+                         (SELECT %s::float8 AS alpha, make_interval(secs => %s) AS fresh) p
                     WHERE d.node_id = v.node_id AND d.index = v.idx
                     """,
-                    [list(col) for col in zip(*gpus, strict=True)],
+                    [*(list(col) for col in zip(*gpus, strict=True)), alpha, fresh],
                 )
         else:
             cursor.executemany(
@@ -371,9 +381,64 @@ def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
                 "power_w = %s WHERE id = %s",
                 [(at, cpu, mem, pw, n) for n, at, cpu, mem, pw in nodes],
             )
+            averages = _averages_portable(gpus, alpha, timedelta(seconds=fresh))
             cursor.executemany(
                 "UPDATE clusters_gpudevice SET utilization = %s, memory_used_mb = %s, power_w = %s, "
-                'temperature_c = %s, telemetry_at = %s WHERE node_id = %s AND "index" = %s',
-                [(u, m, p, t, at, n, i) for n, i, u, m, p, t, at in gpus],
+                "temperature_c = %s, telemetry_at = %s, utilization_avg = %s, memory_used_avg_mb = %s, "
+                'temperature_avg_c = %s WHERE node_id = %s AND "index" = %s',
+                [
+                    (u, m, p, t, at, *averages.get((n, i), (None, None, None)), n, i)
+                    for n, i, u, m, p, t, at in gpus
+                ],
             )
     return len(records)
+
+
+# ``ema`` in SQL, for one column: ``{latest}`` is the new reading, ``{avg}`` the stored average;
+# ``d.telemetry_at`` is the previous reading's time, ``v.at`` the new one's, ``p`` the settings.
+_EMA_SQL = """CASE WHEN {latest} IS NULL THEN {avg}
+                   WHEN {avg} IS NULL OR d.telemetry_at IS NULL OR v.at - d.telemetry_at > p.fresh THEN {latest}
+                   WHEN v.at <= d.telemetry_at THEN {avg}
+                   ELSE p.alpha * {latest} + (1 - p.alpha) * {avg} END"""
+
+
+def ema(
+    latest: float | None,
+    average: float | None,
+    at: datetime,
+    previous_at: datetime | None,
+    *,
+    alpha: float,
+    fresh: timedelta,
+) -> float | None:
+    """The exponential average after a reading ``latest`` taken at ``at``, the previous one
+    having been taken at ``previous_at``: ``alpha · latest + (1 − alpha) · average``. A missing
+    reading (None) leaves the average as it is, and so does one no newer than the previous
+    (the same record synced twice). An average whose previous reading is older than ``fresh``
+    describes a GPU as it was, not as it is: it starts again from ``latest``."""
+    if latest is None:
+        return average
+    if average is None or previous_at is None or at - previous_at > fresh:
+        return float(latest)
+    if at <= previous_at:
+        return average
+    return alpha * latest + (1 - alpha) * average
+
+
+def _averages_portable(
+    gpus: list[tuple[int, int, Any, Any, Any, Any, datetime]], alpha: float, fresh: timedelta
+) -> dict[tuple[int, int], tuple[float | None, float | None, float | None]]:
+    """``{(node id, index): new averages}`` for ``gpus`` (the rows ``sync_telemetry`` writes),
+    from one read of the stored averages."""
+    stored = GpuDevice.objects.filter(node_id__in={g[0] for g in gpus}).values_list(
+        "node_id", "index", "telemetry_at", "utilization_avg", "memory_used_avg_mb", "temperature_avg_c"
+    )
+    before = {(n, i): (at, averages) for n, i, at, *averages in stored}
+    out = {}
+    for n, i, util, mem, _, temp, at in gpus:
+        previous_at, averages = before.get((n, i), (None, (None, None, None)))
+        out[(n, i)] = tuple(
+            ema(latest, avg, at, previous_at, alpha=alpha, fresh=fresh)
+            for latest, avg in zip((util, mem, temp), averages, strict=True)
+        )
+    return out

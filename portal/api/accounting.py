@@ -1,6 +1,6 @@
 """Accounting endpoints: ``GET /api/v1/accounting/jobs`` (the history of finished jobs, like
-``sacct``) and ``GET /api/v1/accounting/usage`` (GPU-hours and jobs grouped over a period, like
-``sreport``), each as JSON or, with ``format=csv`` (or ``Accept: text/csv``), CSV.
+``sacct``) and ``GET /api/v1/accounting/usage`` (GPU-hours, jobs and energy grouped over a
+period, like ``sreport``), each as JSON or, with ``format=csv`` (or ``Accept: text/csv``), CSV.
 
 Who sees what (portal.access): the history lists the finished jobs you could open in the jobs
 list, your own unless ``user`` says otherwise; usage gives members their projects' totals and
@@ -49,7 +49,9 @@ DEFAULT_DAYS = 30  # both endpoints look back this far when ``since`` is not giv
 MAX_USAGE_DAYS = 366
 MAX_USAGE_GROUPS = 10_000
 MAX_LIMIT = 1000
-MEASURES = ("jobs", "gpuHours", "gpuSeconds", "elapsedSeconds")
+MEASURES = ("jobs", "gpuHours", "gpuSeconds", "elapsedSeconds", "energyKwh", "energyCost", "co2Kg")
+# Totals of a report: its rows summed, rounded as the rows are.
+_TOTAL_DIGITS = {"jobs": 0, "gpuSeconds": 0, "elapsedSeconds": 0, "energyKwh": 3, "energyCost": 4, "co2Kg": 3}
 ERRORS = {code: OpenApiResponse(ERROR_SCHEMA) for code in (400, 401, 403, 429)}
 _TERMINAL_CODES = {SHORT_CODES[s]: s for s in TERMINAL_STATES}
 
@@ -251,8 +253,8 @@ USAGE_PARAMS = [
 
 
 class UsageView(AccountingView):
-    """GPU-hours, GPU-seconds, run seconds and job counts over a period, grouped, from the
-    daily roll-up. A job counts on the day it finished (UTC)."""
+    """GPU-hours, GPU-seconds, run seconds, job counts, energy (kWh), its cost and CO₂ (kg)
+    over a period, grouped, from the daily roll-up. A job counts on the day it finished (UTC)."""
 
     @extend_schema(
         parameters=USAGE_PARAMS,
@@ -273,8 +275,7 @@ class UsageView(AccountingView):
     def get(self, request: Request) -> Response:
         query = parse_usage(request.query_params)
         rows = usage(request.user, query)
-        total = {m: sum(r[m] for r in rows) for m in ("jobs", "gpuSeconds", "elapsedSeconds")}
-        total["gpuHours"] = round(total["gpuSeconds"] / 3600, 3)
+        total = usage_total(rows)
         keys = [k for k in rows[0] if k not in MEASURES] if rows else list(query.by)
         data = {
             "since": query.since.isoformat(),
@@ -284,6 +285,13 @@ class UsageView(AccountingView):
             "total": total,
         }
         return Response(data | {"columns": [*keys, *MEASURES]} if _csv(request) else data)
+
+
+def usage_total(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The measures of ``rows`` summed (GPU-hours from the exact GPU-seconds)."""
+    total: dict[str, Any] = {m: round(sum(r[m] for r in rows), d) for m, d in _TOTAL_DIGITS.items()}
+    total["gpuHours"] = round(total["gpuSeconds"] / 3600, 3)
+    return total
 
 
 def usage(user: Any, query: UsageQuery) -> list[dict[str, Any]]:

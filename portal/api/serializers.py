@@ -14,6 +14,7 @@ from clusters.choices import Identity
 from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from portal.choices import Scope
 from portal.models import ApiToken
+from scheduling.accounting_selectors import job_energy
 from scheduling.choices import SHORT_CODES, WAITING_STATES, JobState
 from scheduling.models import Job, JobEvent
 from scheduling.refs import array_label, format_spans
@@ -44,6 +45,7 @@ class JobSerializer(serializers.ModelSerializer):
     exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     attempts = serializers.IntegerField(source="attempt_count")
     placement = serializers.SerializerMethodField()
+    energy = serializers.SerializerMethodField()
     preemptible = serializers.BooleanField()
     gpuModel = serializers.SerializerMethodField()
     gpuModels = serializers.SerializerMethodField()
@@ -78,6 +80,7 @@ class JobSerializer(serializers.ModelSerializer):
             "exitCode",
             "attempts",
             "placement",
+            "energy",
             "preemptible",
             "gpuModel",
             "gpuModels",
@@ -185,6 +188,22 @@ class JobSerializer(serializers.ModelSerializer):
             "active": attempt.active,
             "nodes": [{"node": name, "gpus": gpus} for name, gpus in placement.nodes.items()],
         }
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "properties": {
+                "kwh": {"type": "number"},
+                "cost": {"type": "number"},
+                "co2Kg": {"type": "number"},
+            },
+        }
+    )
+    def get_energy(self, job: Job) -> dict[str, float]:
+        """What the job's GPUs drew over all its attempts, as the energy meter read them: kWh,
+        its cost at its clusters' price and CO₂ in kg (0 before it holds GPUs). Reads the
+        attempts ``get_placement`` prefetched."""
+        return job_energy(job)
 
 
 # States whose reason is shown: waiting, and draining after a preemption (who preempted it).

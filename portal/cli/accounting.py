@@ -1,6 +1,7 @@
-"""``orrery history`` (like ``sacct``) and ``orrery usage`` (like ``sreport``): finished jobs and
-GPU-hours, as a table, CSV or JSON. Both read ``/api/v1/accounting/…``; the CSV is written here
-from the JSON rows, so what the table shows and what the CSV holds are the same rows."""
+"""``orrery history`` (like ``sacct``) and ``orrery usage`` (like ``sreport``): finished jobs,
+GPU-hours and energy, as a table, CSV or JSON. Both read ``/api/v1/accounting/…``; the CSV is
+written here from the JSON rows, so what the table shows and what the CSV holds are the same
+rows."""
 
 from __future__ import annotations
 
@@ -96,19 +97,27 @@ def cmd_usage(args: argparse.Namespace) -> int:
         "state": args.state,
     }
     report = _client(args).get("accounting/usage", **params)
-    measures = ["jobs", "gpuHours"]
     if args.output == "json":
         render.dump(report, "json")
     elif args.output == "csv":
-        write_csv([*report["by"], *measures, "gpuSeconds", "elapsedSeconds"], report["results"], sys.stdout)
+        write_csv([*report["by"], *USAGE_MEASURES], report["results"], sys.stdout)
     else:
         print(f"Usage {report['since']} – {report['until']} (UTC days; until excluded)")
         keys = report["by"]
-        rows = [[r[k] for k in keys] + [r["jobs"], f"{r['gpuHours']:.2f}"] for r in report["results"]]
-        total = report["total"]
-        rows.append(["TOTAL", *[""] * (len(keys) - 1), total["jobs"], f"{total['gpuHours']:.2f}"])
-        render.table([*(k.upper() for k in keys), "JOBS", "GPU-HOURS"], rows)
+        rows = [[r[k] for k in keys] + _usage_cells(r) for r in report["results"]]
+        rows.append(["TOTAL", *[""] * (len(keys) - 1), *_usage_cells(report["total"])])
+        render.table([*(k.upper() for k in keys), "JOBS", "GPU-HOURS", "KWH", "COST", "CO2-KG"], rows)
     return 0
+
+
+USAGE_MEASURES = ("jobs", "gpuHours", "gpuSeconds", "elapsedSeconds", "energyKwh", "energyCost", "co2Kg")
+
+
+def _usage_cells(row: dict[str, Any]) -> list[Any]:
+    """Jobs, GPU-hours, energy, its cost and CO₂ of a usage row (a server that does not meter
+    energy yet sends none: blank)."""
+    energy = [row.get(m) for m in ("energyKwh", "energyCost", "co2Kg")]
+    return [row["jobs"], f"{row['gpuHours']:.2f}", *("" if v is None else f"{v:.2f}" for v in energy)]
 
 
 def write_csv(chosen: list[str], rows: list[dict[str, Any]], out: TextIO) -> None:

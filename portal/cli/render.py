@@ -232,6 +232,15 @@ def estimate(job: dict[str, Any]) -> str | None:
     return f"≈ {local_time(start['at'])}{where}" + (" (reserved)" if start.get("reserved") else "")
 
 
+def energy(job: dict[str, Any]) -> str | None:
+    """``1.234 kWh, cost 0.31, 0.494 kg CO2``: what the job's GPUs drew over its attempts; None
+    for a job never placed (or a server that does not meter energy)."""
+    used = job.get("energy")
+    if not used or not job.get("attempts"):
+        return None
+    return f"{used['kwh']:.3f} kWh, cost {used['cost']:.2f}, {used['co2Kg']:.3f} kg CO2"
+
+
 def _preference(models: list[str] | None) -> str | None:
     """An any-model request's models, best first ("any" when it allows every model)."""
     if models is None:
@@ -269,6 +278,7 @@ def job_detail(job: dict[str, Any], out: TextIO | None = None) -> None:
         ("ExitCode", job.get("exitCode")),
         ("Attempts", job["attempts"]),
         ("Placement", where(job) if job.get("placement") else None),
+        ("Energy", energy(job)),
     ]
     width = max(len(k) for k, _ in fields)
     for key, value in fields:

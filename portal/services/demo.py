@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -40,12 +41,14 @@ class DemoCluster:
     nodes: int
     gpus_per_node: int
     region: str
+    energy_price_per_kwh: Decimal  # made up, of the order of a data centre's
+    carbon_g_per_kwh: int  # of the order of the region's grid
 
 
 DEMO_CLUSTERS = [
-    DemoCluster("sim-a", "h100-80g", 8, 8, "eu-west"),
-    DemoCluster("sim-b", "a100-80g", 8, 8, "us-east"),
-    DemoCluster("sim-c", "l40s-48g", 6, 4, "eu-central"),
+    DemoCluster("sim-a", "h100-80g", 8, 8, "eu-west", Decimal("0.21"), 250),
+    DemoCluster("sim-b", "a100-80g", 8, 8, "us-east", Decimal("0.12"), 390),
+    DemoCluster("sim-c", "l40s-48g", 6, 4, "eu-central", Decimal("0.28"), 380),
 ]
 
 
@@ -103,6 +106,8 @@ def _cluster(spec: DemoCluster) -> Cluster:
             "state": ClusterState.READY,
             "labels": {"region": spec.region},
             "display_name": f"Simulated {model.name} cluster",
+            "energy_price_per_kwh": spec.energy_price_per_kwh,
+            "carbon_g_per_kwh": spec.carbon_g_per_kwh,
         },
     )
     now = timezone.now()

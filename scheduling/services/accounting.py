@@ -4,7 +4,9 @@ The rule, Slurm's: an attempt is charged from the moment it was seen running (``
 to its end, times the GPUs it held (a gang holds ``nodes × gpus_per_node``); an attempt that
 never started is charged nothing. A job's ``gpu_seconds`` is the sum over all its attempts, so a
 requeued or preempted job pays for every run, not only the last; ``ran_on`` is the cluster of its
-last attempt.
+last attempt. Its energy, energy cost and CO₂ are the sums of what the meter read for each of its
+attempts (``scheduling.services.energy``, whose last reading of an attempt runs just before this,
+in the same transaction).
 
 The daily roll-up (``UsageDay``) adds each job to the day it finished (UTC): a job that ran
 across midnight is counted whole on its last day. Reports over whole days are exact either way;
@@ -40,13 +42,16 @@ BATCH = 500  # rows per statement: well under every backend's limit on parameter
 
 @dataclass(frozen=True)
 class Charge:
-    """What one ended job used: GPU-seconds and run seconds over all its attempts, and where
-    its last attempt ran."""
+    """What one ended job used: GPU-seconds, run seconds, energy (Wh), its cost and CO₂ (g) over
+    all its attempts, and where its last attempt ran."""
 
     job_id: int
     gpu_seconds: int
     run_seconds: int
     ran_on: str
+    energy_wh: float = 0.0
+    energy_cost: float = 0.0
+    co2_g: float = 0.0
 
 
 def record_ends(job_ids: list[int], now: datetime) -> None:
@@ -66,14 +71,13 @@ def record_ends(job_ids: list[int], now: datetime) -> None:
     gpus = {row[0]: row[5] * row[6] for row in jobs}
     charges = charge(gpus, now)
     _write_charges([c for c in charges.values() if c.gpu_seconds or c.ran_on])
-    totals: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    totals: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0, 0.0])
     for pk, project, queue, owner, state, _, _, model, finished_at in jobs:
         c = charges[pk]
         day = (finished_at or now).astimezone(UTC).date()
         measures = totals[(day, project, queue, owner, model or "", c.ran_on, state)]
-        measures[0] += 1
-        measures[1] += c.gpu_seconds
-        measures[2] += c.run_seconds
+        for i, value in enumerate((1, c.gpu_seconds, c.run_seconds, c.energy_wh, c.energy_cost, c.co2_g)):
+            measures[i] += value
     add_usage([(*key, *measures) for key, measures in totals.items()])
 
 
@@ -82,17 +86,22 @@ def charge(gpus: dict[int, int], now: datetime) -> dict[int, Charge]:
     attempts, read in one query. An attempt not yet finished is counted up to ``now``."""
     run: dict[int, float] = dict.fromkeys(gpus, 0.0)
     last: dict[int, str] = dict.fromkeys(gpus, "")
+    used: dict[int, list[float]] = {pk: [0.0, 0.0, 0.0] for pk in gpus}
     attempts = (
         JobAttempt.objects.filter(job_id__in=list(gpus))
         .order_by("job_id", "number")
-        .values_list("job_id", "cluster__name", "started_at", "finished_at")
+        .values_list(
+            "job_id", "cluster__name", "started_at", "finished_at", "energy_wh", "energy_cost", "co2_g"
+        )
     )
-    for job_id, cluster, started_at, finished_at in attempts:
+    for job_id, cluster, started_at, finished_at, *energy in attempts:
         last[job_id] = cluster
         if started_at is not None:
             run[job_id] += max(((finished_at or now) - started_at).total_seconds(), 0.0)
+        for i, value in enumerate(energy):
+            used[job_id][i] += value
     return {
-        pk: Charge(pk, round(run[pk] * gpus[pk]), round(run[pk]), last[pk])
+        pk: Charge(pk, round(run[pk] * gpus[pk]), round(run[pk]), last[pk], *used[pk])
         for pk in gpus  # a job that never ran keeps the defaults: 0 and ""
     }
 
@@ -115,22 +124,22 @@ def _write_charges(charges: list[Charge]) -> None:
 
 _KEY = ("project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
 _PROJECT_KEY = ("project_id", "queue_id", "gpu_model", "cluster", "state")
-_MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
-UsageRow = tuple[date, int, int, int, str, str, str, int, int, int]
+_MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds", "energy_wh", "energy_cost", "co2_g")
+UsageRow = tuple[date, int, int, int, str, str, str, int, int, int, float, float, float]
 
 
 def add_usage(rows: list[UsageRow]) -> None:
-    """Add ``rows`` (the key, day first, then jobs, GPU-seconds and run seconds) to
-    ``UsageDay``, summed by month to ``UsageMonth`` and summed over users to
-    ``UsageProjectDay``: a new key is inserted, an existing one has the measures added. Each key
-    must appear once in ``rows``.
+    """Add ``rows`` (the key, day first, then the measures of ``_MEASURES``: jobs, GPU-seconds,
+    run seconds, energy in Wh, its cost and CO₂ in grams) to ``UsageDay``, summed by month to
+    ``UsageMonth`` and summed over users to ``UsageProjectDay``: a new key is inserted, an
+    existing one has the measures added. Each key must appear once in ``rows``.
 
     Django's ``bulk_create`` can only overwrite on conflict, hence the SQL; PostgreSQL and SQLite
     (3.24 and later) both speak it. Rows go in sorted by key, each table in the same order, so
     that two transactions adding to overlapping keys lock them in the same order and cannot
     deadlock."""
-    months: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
-    project_days: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    months: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0, 0.0])
+    project_days: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0, 0.0])
     for day, project, queue, owner, model, cluster, state, *measures in rows:
         for totals, key in (
             (months, (day.replace(day=1), project, queue, owner, model, cluster, state)),

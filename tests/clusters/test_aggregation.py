@@ -184,3 +184,81 @@ def test_a_pass_is_a_handful_of_statements(fleet, django_assert_max_num_queries)
     limit = 7 if connection.vendor == "postgresql" else 200
     with django_assert_max_num_queries(limit):
         flush_heartbeats()
+
+
+def reading(node: Node, seq: int, t: float, util: float | None, temp: float | None = 50.0) -> dict:
+    """A report of ``node`` whose GPUs read ``util`` % and ``temp`` °C (None: not measured), with
+    ``1000 + seq`` MiB in use."""
+    report = record(node, seq, t=t)
+    for gpu in report["g"]:
+        gpu[5], gpu[7] = util, temp
+    return report
+
+
+@pytest.fixture(params=["set-based", "portable"])
+def sync_path(request, monkeypatch):
+    """Both ways of writing telemetry: PostgreSQL's one statement over arrays, and SQLite's
+    row by row (which runs on PostgreSQL too, so each test checks that both agree)."""
+    if request.param == "portable":
+        monkeypatch.setattr(aggregation, "is_postgresql", lambda: False)
+    elif connection.vendor != "postgresql":
+        pytest.skip("the set-based statement is PostgreSQL's")
+    return request.param
+
+
+def averages(node: Node) -> tuple[float | None, float | None, float | None]:
+    gpu = GpuDevice.objects.get(node=node, index=0)
+    return gpu.utilization_avg, gpu.memory_used_avg_mb, gpu.temperature_avg_c
+
+
+@pytest.mark.parametrize(
+    ("readings", "expected"),
+    [
+        pytest.param([(0, 40.0, 50.0)], (40.0, 1001, 50.0), id="first-reading-is-the-average"),
+        pytest.param(
+            [(0, 40.0, 50.0), (60, 80.0, 60.0)],
+            (0.3 * 80 + 0.7 * 40, 0.3 * 1002 + 0.7 * 1001, 0.3 * 60 + 0.7 * 50),
+            id="second-moves-alpha-of-the-way",
+        ),
+        pytest.param(
+            [(0, 40.0, 50.0), (60, 80.0, 50.0), (120, 80.0, 50.0)],
+            (0.3 * 80 + 0.7 * (0.3 * 80 + 0.7 * 40), None, 50.0),
+            id="third-keeps-moving",
+        ),
+        pytest.param(
+            [(0, 40.0, 50.0), (60, None, None)],
+            (40.0, 0.3 * 1002 + 0.7 * 1001, 50.0),  # memory was measured: it moves
+            id="null-keeps-average",
+        ),
+        pytest.param([(0, 40.0, 50.0), (400, 80.0, 70.0)], (80.0, 1002, 70.0), id="gap-resets"),
+    ],
+)
+def test_sync_telemetry_moves_exponential_averages(fleet, sync_path, readings, expected):
+    node, start = fleet[0], time.time() - 1000
+    for seq, (offset, util, temp) in enumerate(readings, start=1):
+        get_buffer().put([reading(node, seq, start + offset, util, temp)])
+        sync_telemetry()
+    got = averages(node)
+    for value, want in zip(got, expected, strict=True):
+        if want is not None:
+            assert value == pytest.approx(want)
+
+
+def test_syncing_the_same_reading_twice_moves_no_average(fleet, sync_path):
+    node, start = fleet[0], time.time() - 1000
+    get_buffer().put([reading(node, 1, start, 40.0)])
+    sync_telemetry()
+    get_buffer().put([reading(node, 2, start + 60, 80.0)])
+    sync_telemetry()
+    once = averages(node)
+    sync_telemetry()  # the node said nothing new: the buffer's latest is the same record
+    assert averages(node) == once and once[0] == pytest.approx(52.0)
+
+
+def test_averages_follow_the_alpha_setting(fleet, sync_path, settings):
+    settings.ORRERY_TELEMETRY_EMA_ALPHA = 1.0
+    node, start = fleet[0], time.time() - 1000
+    for seq, util in enumerate((40.0, 90.0), start=1):
+        get_buffer().put([reading(node, seq, start + 60 * seq, util)])
+        sync_telemetry()
+    assert averages(node)[0] == pytest.approx(90.0)

@@ -56,6 +56,10 @@ def cli(live_server, tmp_path):
             active=False,
             started_at=job.started_at,
             finished_at=ended,
+            # an hour at 500 W per GPU, at 0.2 per kWh and 300 g of CO₂ per kWh
+            energy_wh=500 * gpus,
+            energy_cost=0.5 * gpus * 0.2,
+            co2_g=0.5 * gpus * 300,
         )
         record_ends([job.pk], ended)
     _, token = issue_token(alice)
@@ -101,15 +105,15 @@ def test_history_reads_back_what_the_cli_did_with_filters_columns_and_csv(cli):
 def test_usage_by_project_and_user_as_a_table_and_csv(cli):
     table = cli("usage")
     assert table.returncode == 0, table.stderr
-    assert table.stdout.splitlines()[1].split() == ["PROJECT", "JOBS", "GPU-HOURS"]
-    assert table.stdout.splitlines()[2].split() == ["vision", "3", "7.00"]
-    assert table.stdout.splitlines()[-1].split() == ["TOTAL", "3", "7.00"]
+    assert table.stdout.splitlines()[1].split() == ["PROJECT", "JOBS", "GPU-HOURS", "KWH", "COST", "CO2-KG"]
+    assert table.stdout.splitlines()[2].split() == ["vision", "3", "7.00", "3.50", "0.70", "1.05"]
+    assert table.stdout.splitlines()[-1].split() == ["TOTAL", "3", "7.00", "3.50", "0.70", "1.05"]
 
     per_user = cli("usage", "--by", "project,user", "-o", "csv")
     assert per_user.returncode == 0, per_user.stderr
     assert per_user.stdout.splitlines() == [
-        "project,user,jobs,gpuHours,gpuSeconds,elapsedSeconds",
-        "vision,alice,2,3.0,10800,7200",  # a member sees only their own figures per user
+        "project,user,jobs,gpuHours,gpuSeconds,elapsedSeconds,energyKwh,energyCost,co2Kg",
+        "vision,alice,2,3.0,10800,7200,1.5,0.3,0.45",  # a member sees only their own figures per user
     ]
     report = json.loads(cli("usage", "--by", "gpu-model,day", "-o", "json").stdout)
     ended = (datetime.now(UTC) - timedelta(hours=1)).date()  # the seeded jobs' day

@@ -36,6 +36,10 @@ def usage_world(alice, bob, queue, vision):
             active=False,
             started_at=ended - timedelta(hours=1),
             finished_at=ended,
+            # an hour at 500 W per GPU, at 0.2 per kWh and 300 g of CO₂ per kWh
+            energy_wh=500 * gpus,
+            energy_cost=0.5 * gpus * 0.2,
+            co2_g=0.5 * gpus * 300,
         )
         record_ends([job.pk], ended)
     return ended.date().isoformat()
@@ -57,6 +61,25 @@ def test_a_member_sees_their_projects_totals_stacked_by_day(client, alice, usage
     assert data["byGroup"] == {"vision": {usage_world: 6.0}}
     assert list(data["byModel"].values()) == [{usage_world: 6.0}]
     assert "secret-nlp" not in page and "6.0" in page
+
+
+def table_rows(page: str, table: str) -> list[list[str]]:
+    body = re.search(rf'<table[^>]*id="{table}".*?<tbody>(.*?)</tbody>', page, re.S)
+    assert body, page[:500]
+    rows = re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+
+
+def test_totals_show_energy_its_cost_and_co2_per_project_and_model(client, alice, usage_world):
+    client.force_login(make_user("ops", staff=True))
+    page = client.get("/usage/").content.decode()
+    # vision: alice's 2 GPUs and bob's 4 for an hour; secret-nlp: dave's 8
+    assert table_rows(page, "usage-totals") == [
+        ["secret-nlp", "1", "8.0", "4.0", "0.80", "1.2"],
+        ["vision", "2", "6.0", "3.0", "0.60", "0.9"],
+    ]
+    assert table_rows(page, "usage-models")[0][3:] == ["7.0", "1.40", "2.1"]
+    assert "7.0 kWh costing 1.40 and 2.1 kg CO₂" in page
 
 
 @pytest.mark.parametrize(

@@ -179,27 +179,29 @@ def test_two_transactions_ending_jobs_of_one_key_both_count():
     assert (row.jobs, row.gpu_seconds) == (2, 7200)
 
 
-MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds")
+MEASURES = ("jobs", "gpu_seconds", "elapsed_seconds", "energy_wh", "energy_cost", "co2_g")
+# What the roll-ups held before energy, all the migration that made the new roll-ups copies.
+MEASURES_BEFORE_ENERGY = MEASURES[:3]
 
 
-def summed(model, key: tuple[str, ...]) -> Counter:
+def summed(model, key: tuple[str, ...], measures: tuple[str, ...] = MEASURES) -> Counter:
     """``{(key…, measure): total}`` of ``model``'s rows; zeros dropped, so that tables compare."""
     out: Counter = Counter()
-    for row in model.objects.values(*key, *MEASURES):
-        for m in MEASURES:
+    for row in model.objects.values(*key, *measures):
+        for m in measures:
             out[(*(row[k] for k in key), m)] += row[m]
     return +out
 
 
-def project_days_of_users() -> Counter:
-    return summed(UsageDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state"))
+def project_days_of_users(measures: tuple[str, ...] = MEASURES) -> Counter:
+    return summed(UsageDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state"), measures)
 
 
-def months_of_days() -> Counter:
+def months_of_days(measures: tuple[str, ...] = MEASURES) -> Counter:
     out: Counter = Counter()
     key = ("project_id", "queue_id", "owner_id", "gpu_model", "cluster", "state")
-    for row in UsageDay.objects.values("day", *key, *MEASURES):
-        for m in MEASURES:
+    for row in UsageDay.objects.values("day", *key, *measures):
+        for m in measures:
             out[(row["day"].replace(day=1), *(row[k] for k in key), m)] += row[m]
     return +out
 
@@ -212,7 +214,9 @@ def random_usage(rng: random.Random, users, queues, n: int) -> list[tuple]:
         key = (date(2026, 10, 25) + timedelta(days=rng.randrange(14)), queue.project_id, queue.pk,
                rng.choice(users).pk, rng.choice(["h100", "a100", ""]), rng.choice(["sim-a", "sim-b"]),
                rng.choice([JobState.SUCCEEDED, JobState.FAILED]))  # fmt: skip
-        rows[key] = (rng.randrange(1, 5), rng.randrange(10_000), rng.randrange(5_000))
+        # energy as whole numbers, so that sums compare exactly
+        energy = (float(rng.randrange(50_000)), float(rng.randrange(20)), float(rng.randrange(20_000)))
+        rows[key] = (rng.randrange(1, 5), rng.randrange(10_000), rng.randrange(5_000), *energy)
     return [(*k, *m) for k, m in rows.items()]
 
 
@@ -253,11 +257,11 @@ def test_the_migration_fills_the_new_roll_ups_from_the_daily_rows(db):
     UsageMonth.objects.all().delete()
     UsageProjectDay.objects.all().delete()
     importlib.import_module("scheduling.migrations.0009_accounting").roll_ups_from_days(apps, None)
-    assert summed(UsageProjectDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state")) == (
-        project_days_of_users()
-    )
+    before = MEASURES_BEFORE_ENERGY
+    assert summed(UsageProjectDay, ("day", "project_id", "queue_id", "gpu_model", "cluster", "state"),
+                  before) == project_days_of_users(before)  # fmt: skip
     assert summed(UsageMonth, ("month", "project_id", "queue_id", "owner_id", "gpu_model", "cluster",
-                               "state")) == months_of_days()  # fmt: skip
+                               "state"), before) == months_of_days(before)  # fmt: skip
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="two connections at once need PostgreSQL")

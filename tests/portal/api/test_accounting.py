@@ -24,9 +24,14 @@ NOW = timezone.now().replace(microsecond=0)
 EARLIER = (NOW - timedelta(days=60)).date().isoformat()
 
 
+WATTS_PER_GPU, PRICE_PER_KWH, CO2_G_PER_KWH = 500, 0.2, 300
+
+
 def finish(owner, queue, cluster, *, hours_ago: float, ran_h: float = 1, gpus: int = 1, **fields):
     """A job that ran ``ran_h`` hours on ``cluster`` and ended ``hours_ago`` hours ago, charged
-    as the state machine would charge it."""
+    as the state machine would charge it; its GPUs drew 500 W each, at 0.2 per kWh and 300 g of
+    CO₂ per kWh."""
+    kwh = WATTS_PER_GPU * gpus * ran_h / 1000
     state = fields.pop("state", JobState.SUCCEEDED)
     ended = NOW - timedelta(hours=hours_ago)
     started = ended - timedelta(hours=ran_h)
@@ -36,6 +41,7 @@ def finish(owner, queue, cluster, *, hours_ago: float, ran_h: float = 1, gpus: i
     JobAttempt.objects.create(
         job=job, number=1, cluster=cluster, state=AttemptState.SUCCEEDED, active=False,
         started_at=started, finished_at=ended,
+        energy_wh=kwh * 1000, energy_cost=kwh * PRICE_PER_KWH, co2_g=kwh * CO2_G_PER_KWH,
     )  # fmt: skip
     record_ends([job.pk], ended)
     return job
@@ -233,16 +239,33 @@ def test_usage_by_period_queue_and_as_csv(api, world):
     answer = ops.get("/api/v1/accounting/usage?by=project&format=csv")
     assert answer["Content-Type"].startswith("text/csv")
     assert answer.content.decode().splitlines() == [
-        "project,jobs,gpuHours,gpuSeconds,elapsedSeconds",
-        "nlp,1,8.0,28800,3600",
-        "vision,3,7.0,25200,10800",
+        "project,jobs,gpuHours,gpuSeconds,elapsedSeconds,energyKwh,energyCost,co2Kg",
+        "nlp,1,8.0,28800,3600,4.0,0.8,1.2",
+        "vision,3,7.0,25200,10800,3.5,0.7,1.05",
     ]
+
+
+def test_usage_sums_energy_its_cost_and_co2_per_group(api, world):
+    ops = api(make_user("ops", staff=True))
+    body = ops.get("/api/v1/accounting/usage", {"by": "project,user"}).json()
+    measures = lambda r: (r["energyKwh"], r["energyCost"], r["co2Kg"])  # noqa: E731
+    energy = {(r["project"], r["user"]): measures(r) for r in body["results"]}
+    # a1: 2 GPUs, a2: 1 GPU (alice); b1: 4 GPUs (bob); d1: 8 GPUs (dave); an hour each at 500 W
+    assert energy == {
+        ("vision", "alice"): (1.5, 0.3, 0.45),
+        ("vision", "bob"): (2.0, 0.4, 0.6),
+        ("nlp", "dave"): (4.0, 0.8, 1.2),
+    }
+    assert measures(body["total"]) == (7.5, 1.5, 2.25)
 
 
 def test_the_report_says_its_period_and_total(api, alice, world):
     body = api(alice).get("/api/v1/accounting/usage?since=2026-01-01T06:00:00Z&until=2026-02-01").json()
     assert (body["since"], body["until"], body["by"]) == ("2026-01-01", "2026-02-01", ["project"])
-    assert body["total"] == {"jobs": 0, "gpuSeconds": 0, "elapsedSeconds": 0, "gpuHours": 0.0}
+    assert body["total"] == {
+        "jobs": 0, "gpuSeconds": 0, "elapsedSeconds": 0, "gpuHours": 0.0, "energyKwh": 0, "energyCost": 0,
+        "co2Kg": 0,
+    }  # fmt: skip
     now = datetime.now(UTC).date()
     body = api(alice).get("/api/v1/accounting/usage").json()
     assert body["until"] == (now + timedelta(days=1)).isoformat() and body["total"]["jobs"] == 3
