@@ -502,17 +502,13 @@ ORRERY_INGEST_RETRY_AFTER_S = int(os.environ.get("ORRERY_INGEST_RETRY_AFTER_S", 
 
 # Telemetry averages (clusters/services/aggregation.py, sync_telemetry): each GPU's utilisation,
 # memory and temperature averages move by ORRERY_TELEMETRY_EMA_ALPHA of the way to each new
-# reading. A reading is fresh for ORRERY_TELEMETRY_FRESH_S (three telemetry syncs): an average
-# whose last reading is older starts again from the new one, and the energy meter counts no power
-# from a GPU whose latest reading is older.
+# reading. An average whose last reading is older than ORRERY_TELEMETRY_STALE_S (above) starts
+# again from the new one.
 ORRERY_TELEMETRY_EMA_ALPHA = float(os.environ.get("ORRERY_TELEMETRY_EMA_ALPHA", 0.3))
 if not 0 < ORRERY_TELEMETRY_EMA_ALPHA <= 1:
     raise ImproperlyConfigured(
         f"ORRERY_TELEMETRY_EMA_ALPHA={ORRERY_TELEMETRY_EMA_ALPHA}: use a fraction above 0 and at most 1."
     )
-ORRERY_TELEMETRY_FRESH_S = float(
-    os.environ.get("ORRERY_TELEMETRY_FRESH_S", 3 * _PERIODIC["sync-telemetry"][1])
-)
 
 # The scheduler (scheduling/engine/policies.py documents the profile).
 # None: the default profile (scheduling.engine.policies.DEFAULT_PROFILE); or a dict of the same shape.

@@ -347,7 +347,7 @@ def sync_telemetry(buffer: HeartbeatBuffer | None = None) -> int:
     records = list(latest.values())
     nodes = [(r["n"], _when(r["t"]), r["cpu"], r["mem"], r["pw"]) for r in records]
     gpus = [(r["n"], g[0], g[5], g[4], g[6], g[7], _when(r["t"])) for r in records for g in r["g"]]
-    alpha, fresh = settings.ORRERY_TELEMETRY_EMA_ALPHA, settings.ORRERY_TELEMETRY_FRESH_S
+    alpha, fresh = settings.ORRERY_TELEMETRY_EMA_ALPHA, settings.ORRERY_TELEMETRY_STALE_S
     with transaction.atomic(), connection.cursor() as cursor:
         if is_postgresql():
             cursor.execute(

@@ -147,17 +147,12 @@ def _cluster(spec: DemoCluster) -> Cluster:
     return cluster
 
 
-DEMO_ENERGY = {"sim-a": ("0.21", 250), "sim-b": ("0.12", 420), "sim-c": ("0.18", 90)}  # €/kWh, g CO₂/kWh
 DEMO_MIG = {0: ["1g.10gb"] * 7, 1: ["3g.40gb", "2g.20gb", "2g.20gb"]}  # GPU index → layout
 
 
 def _fine_grained() -> None:
-    """Energy prices and carbon intensities per cluster; on sim-b's last node, two GPUs in MIG
-    mode and two offered in fractions, so MIG and shared-GPU jobs have somewhere to go."""
-    for name, (price, carbon) in DEMO_ENERGY.items():
-        Cluster.objects.filter(name=name, energy_price_per_kwh__isnull=True).update(
-            energy_price_per_kwh=price, carbon_g_per_kwh=carbon
-        )
+    """On sim-b's last node, two GPUs in MIG mode and two offered in fractions, so MIG and
+    shared-GPU jobs have somewhere to go."""
     node = Node.objects.filter(cluster__name="sim-b").order_by("-name").first()
     if node is None or GpuDevice.objects.filter(node=node, mig_enabled=True).exists():
         return

@@ -11,7 +11,7 @@ its previous reading, added to ``JobAttempt.energy_wh``; the reading's time is s
   count: CPUs, memory and the rest of the node draw power too, but nodes do not report it per
   job.
 * **Stale telemetry counts nothing.** A GPU whose latest reading (``telemetry_at``) is older
-  than ``ORRERY_TELEMETRY_FRESH_S`` (three telemetry syncs) adds no power: the meter does not
+  than ``ORRERY_TELEMETRY_STALE_S`` (three telemetry syncs) adds no power: the meter does not
   guess what a silent GPU drew.
 * **A gap is not filled.** One reading covers at most ``GAP_PERIODS`` meter periods: after an
   outage of the meter (no worker, no beat), the interval it missed beyond that is lost rather
@@ -85,7 +85,7 @@ def _read(now: datetime, ending: list[int] | None) -> int:
     """A reading of the active attempts (``ending`` None), or the last reading of the attempts
     of the jobs ``ending`` that ended at ``now``."""
     gap = GAP_PERIODS * float(settings.ORRERY_ENERGY_METER_S)
-    fresh_since = now - timedelta(seconds=settings.ORRERY_TELEMETRY_FRESH_S)
+    fresh_since = now - timedelta(seconds=settings.ORRERY_TELEMETRY_STALE_S)
     if is_postgresql():
         return _read_postgres(now, ending, gap, fresh_since)
     with transaction.atomic():
