@@ -116,6 +116,7 @@ class SlurmNode:
     gpu_type: str | None
     gpus: int
     partitions: tuple[str, ...]
+    gres: str = ""  # as Slurm gives it: read in full by ``gres.parse_node_gres`` (MIG, shards)
 
 
 def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
@@ -133,6 +134,7 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
                 gpu_type=gpu_type,
                 gpus=gpus,
                 partitions=tuple(n.get("partitions") or ()),
+                gres=n["gres"] if isinstance(n.get("gres"), str) else "",
             )
         )
     return nodes
