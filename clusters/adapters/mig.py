@@ -11,11 +11,15 @@ expected.
 **Parent GPUs.** A cluster that only counts instances (``gpu:1g.10gb:14``,
 ``nvidia.com/mig-1g.10gb: 14``) does not say which physical GPU holds which. Orrery groups them
 all the same, the way the hardware would: instances are packed largest first, each into the
-first GPU with enough compute slices left (first fit, 7 slices a GPU), a new GPU when none has.
-A count that fits real hardware gives as many GPUs as the hardware has (14 × ``1g.10gb``: 2
-GPUs; 2 × ``3g.40gb``: 1; 2 × ``4g.40gb``: 2). The grouping is a tally, as GPU indices already
-are on Kubernetes: the cluster (Slurm's GRES plugin, the device plugin) picks the physical
-instance; Orrery's count of free instances per profile is what placement relies on.
+first GPU with enough compute slices (7 a GPU) and memory slices (8 a GPU) left, a new GPU when
+none has. A memory slice is an eighth of the GPU's memory when the cluster says how much that
+is (``3g.40gb`` on an 80 GB GPU: 4), else the usual share of a profile of that many compute
+slices (1, 2, 4, 4 and 8 for 1g, 2g, 3g, 4g and 7g). A count that fits real hardware gives as
+many GPUs as the hardware has (14 × ``1g.10gb``: 2 GPUs; 2 × ``3g.40gb``: 1; 2 × ``4g.40gb``:
+2; 2 × ``3g.40gb`` and a ``1g.10gb``: 2, the memory being spent). The grouping is a tally, as
+GPU indices already are on Kubernetes: the cluster (Slurm's GRES plugin, the device plugin)
+picks the physical instance; Orrery's count of free instances per profile is what placement
+relies on.
 
 An instance is reported in the shape the node agent reports one (``{"slot", "profile", "uuid",
 "memory_mb", "slices"}``), with no UUID (the cluster names devices itself) and, when the
@@ -30,6 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 SLICES_PER_GPU = 7
+MEMORY_SLICES_PER_GPU = 8
+# A profile's memory slices by its compute slices, when the GPU's memory is not known.
+_MEMORY_SLICES = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8}
 _PROFILE = re.compile(r"^(?:[1-7]c\.)?([1-7])g\.([1-9][0-9]{0,3})gb(?:\+me)?$")
 
 
@@ -53,34 +60,47 @@ def parse_profile(name: Any) -> Profile | None:
     return Profile(name.strip().lower(), int(match.group(1)), int(match.group(2)) * 1024)
 
 
+def memory_slices(profile: Profile, gpu_memory_mb: int = 0) -> int:
+    """Eighths of the GPU's memory the profile takes (module docstring)."""
+    if gpu_memory_mb > 0:
+        return min(max(round(profile.memory_mb * MEMORY_SLICES_PER_GPU / gpu_memory_mb), 1), 8)
+    return _MEMORY_SLICES[profile.slices]
+
+
 def pack(
-    counts: Mapping[str, int], *, max_gpus: int, memory_mb: Mapping[str, int] | None = None
+    counts: Mapping[str, int],
+    *,
+    max_gpus: int,
+    memory_mb: Mapping[str, int] | None = None,
+    gpu_memory_mb: int = 0,
 ) -> tuple[list[list[dict[str, Any]]], int]:
     """Instances of each profile (``counts``, names that are not profiles ignored) grouped into
     GPUs in MIG mode (module docstring): ``(GPUs, each its instances in the agent-report shape;
     how many instances did not fit in max_gpus GPUs)``. ``memory_mb`` gives a profile's memory
-    where the cluster says it. Deterministic: the same counts give the same layout."""
+    where the cluster says it, ``gpu_memory_mb`` a whole GPU's (0: not known). Deterministic:
+    the same counts give the same layout."""
     wanted: dict[Profile, int] = {}
     for name, count in counts.items():
         profile = parse_profile(name)
         if profile is not None and isinstance(count, int) and not isinstance(count, bool) and count > 0:
             wanted[profile] = wanted.get(profile, 0) + count
     gpus: list[list[dict[str, Any]]] = []
-    room: list[int] = []
+    room: list[tuple[int, int]] = []  # compute and memory slices left on each GPU
     dropped = 0
-    for profile in sorted(wanted, key=lambda p: (-p.slices, p.name)):
+    for profile in sorted(wanted, key=lambda p: (-p.slices, -memory_slices(p, gpu_memory_mb), p.name)):
         count = wanted[profile]
         memory = (memory_mb or {}).get(profile.name) or profile.memory_mb
+        need = (profile.slices, memory_slices(profile, gpu_memory_mb))
         for n in range(count):
-            spot = next((i for i, left in enumerate(room) if left >= profile.slices), None)
+            spot = next((i for i, left in enumerate(room) if left[0] >= need[0] and left[1] >= need[1]), None)
             if spot is None:
                 if len(gpus) >= max_gpus:
                     dropped += count - n  # no GPU left to open: the rest of this profile is left out
                     break
                 gpus.append([])
-                room.append(SLICES_PER_GPU)
+                room.append((SLICES_PER_GPU, MEMORY_SLICES_PER_GPU))
                 spot = len(gpus) - 1
-            room[spot] -= profile.slices
+            room[spot] = (room[spot][0] - need[0], room[spot][1] - need[1])
             gpus[spot].append(
                 {
                     "slot": len(gpus[spot]),

@@ -95,6 +95,34 @@ def test_instances_are_packed_largest_first_into_gpus_of_seven_slices(counts, ma
         assert [i["slot"] for i in gpu] == list(range(len(gpu)))
 
 
+@pytest.mark.parametrize(
+    ("counts", "gpu_memory_mb", "expected"),
+    [
+        ({"3g.40gb": 2, "1g.10gb": 1}, 0, [["3g.40gb"] * 2, ["1g.10gb"]]),
+        ({"3g.40gb": 2, "1g.10gb": 1}, 81920, [["3g.40gb"] * 2, ["1g.10gb"]]),
+        ({"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}, 81920, [["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]]),
+        ({"1g.10gb": 7}, 40960, [["1g.10gb"] * 4, ["1g.10gb"] * 3]),
+        ({"1g.20gb": 7}, 81920, [["1g.20gb"] * 4, ["1g.20gb"] * 3]),
+        (
+            {"1g.18gb": 7, "3g.71gb": 1},
+            143771,
+            [["3g.71gb"] + ["1g.18gb"] * 4, ["1g.18gb"] * 3],
+        ),
+    ],
+    ids=[
+        "two-halves-spend-the-memory",
+        "the-same-knowing-the-gpu",
+        "balanced-a100-layout",
+        "1g-on-a-40gb-gpu-takes-two-eighths",
+        "double-memory-1g",
+        "h200",
+    ],
+)
+def test_instances_never_share_more_memory_than_a_gpu_has(counts, gpu_memory_mb, expected):
+    gpus, _ = pack(counts, max_gpus=8, gpu_memory_mb=gpu_memory_mb)
+    assert shapes(gpus) == expected
+
+
 def test_instances_are_reported_in_the_agents_shape_with_the_memory_the_cluster_gives():
     (gpu,), _ = pack({"1g.10gb": 1, "3g.40gb": 1}, max_gpus=8, memory_mb={"1g.10gb": 9728})
     assert gpu == [
