@@ -3,9 +3,9 @@
 Orrery's resource model hangs them under. Pure: no Django.
 
 **Profiles** are NVIDIA's names: ``<g>g.<memory>gb`` (``1g.10gb``, ``3g.40gb``, ``7g.80gb``),
-with an optional compute-instance prefix (``1c.3g.40gb``) and media-extension suffix
-(``1g.10gb+me``). ``g`` is the instance's compute slices, of ``SLICES_PER_GPU`` on the GPUs that
-have MIG (A100, H100, H200). Anything else is not a profile, and is ignored where one is
+with an optional compute-instance prefix (``1c.3g.40gb``) and suffix (``1g.10gb+me``, media
+extensions; ``+gfx``). ``g`` is the instance's compute slices, of ``SLICES_PER_GPU`` on the GPUs
+that have MIG (A100, H100, H200). Anything else is not a profile, and is ignored where one is
 expected.
 
 **Parent GPUs.** A cluster that only counts instances (``gpu:1g.10gb:14``,
@@ -37,7 +37,7 @@ SLICES_PER_GPU = 7
 MEMORY_SLICES_PER_GPU = 8
 # A profile's memory slices by its compute slices, when the GPU's memory is not known.
 _MEMORY_SLICES = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8}
-_PROFILE = re.compile(r"^(?:[1-7]c\.)?([1-7])g\.([1-9][0-9]{0,3})gb(?:\+me)?$")
+_PROFILE = re.compile(r"^(?:[1-7]c\.)?([1-7])g\.([1-9][0-9]{0,3})gb(?:\+[a-z0-9]{1,8})?$", re.ASCII)
 
 
 @dataclass(frozen=True)
