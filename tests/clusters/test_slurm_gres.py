@@ -303,3 +303,84 @@ def test_a_shared_gpu_on_a_cluster_without_shards_fails_at_once_saying_why(hpc):
     (sent,) = SlurmAdapter().dispatch(hpc, [work(shared)])
     assert (sent.phase, sent.error) == (Phase.FAILED, "")
     assert "no shards configured" in sent.message and "shards_per_gpu" in sent.message
+
+
+# --- the cluster's GPU settings -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"gpu_type": "a100", "shards_per_gpu": 8}, {"gpu_type": "a100", "shards_per_gpu": 8}),
+        ({"mig_gres_types": {"1G.10GB": "a100_1g.10gb"}}, {"mig_gres_types": {"1g.10gb": "a100_1g.10gb"}}),
+        ({"gpu_type": None, "shards_per_gpu": 0, "mig_gres_types": {}}, {}),
+    ],
+    ids=["type-and-shards", "profiles-as-written-by-nvidia", "empty-drops"],
+)
+def test_gpu_settings(settings, expected):
+    from clusters.adapters.slurm.gres import check_settings
+
+    assert check_settings(settings) == expected
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"shards_per_gpu": -1}, "shards_per_gpu must be a whole number"),
+        ({"shards_per_gpu": 10**9}, "shards_per_gpu must be a whole number"),
+        ({"shards_per_gpu": True}, "shards_per_gpu must be a whole number"),
+        ({"shards_per_gpu": "8"}, "shards_per_gpu must be a whole number"),
+        ({"gpu_type": "a100,gpu:8"}, "gpu_type must be a GRES type name"),
+        ({"mig_gres_types": {"1g.10gb": "x;y"}}, r"mig_gres_types\[1g.10gb\] must be a GRES type name"),
+        ({"mig_gres_types": {"big": "x"}}, "not a MIG profile"),
+        ({"mig_gres_types": ["1g.10gb"]}, "maps MIG profiles to GRES types"),
+        ({"mig_gres_types": {f"1g.{i}gb": "x" for i in range(1, 100)}}, "at most 64"),
+        ({"partition": "gpu"}, "not a GPU setting"),
+    ],
+    ids=[
+        "negative-shards",
+        "huge-shards",
+        "boolean-shards",
+        "text-shards",
+        "a-type-asking-for-more",
+        "a-mig-type-with-a-semicolon",
+        "not-a-profile",
+        "not-a-mapping",
+        "too-many",
+        "unknown-setting",
+    ],
+)
+def test_gpu_settings_that_are_refused(settings, why):
+    from clusters.adapters.slurm.api import SlurmError
+    from clusters.adapters.slurm.gres import check_settings
+
+    with pytest.raises(SlurmError, match=why) as caught:
+        check_settings(settings)
+    assert caught.value.field == "gres"
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--shards-per-gpu", "0"], "connection test failed"),
+        (["--shards-per-gpu", "-4"], "shards_per_gpu must be a whole number"),
+        (["--mig-gres-type", "1g.10gb"], "takes PROFILE=TYPE"),
+        (["--mig-gres-type", "1g.10gb=a100,shard:9"], "must be a GRES type name"),
+        (["--gpu-type", "a100", "--mig-gres-type", "3g.40gb=big_3g"], "connection test failed"),
+    ],
+    ids=["zero-is-none", "negative", "no-type", "a-type-asking-for-more", "valid-then-connects"],
+)
+def test_add_cluster_checks_the_gpu_settings_before_connecting(db, tmp_path, options, said):
+    """Refused settings never reach slurmrestd; valid ones go on to the connection test (which
+    fails here: nothing listens at the URL)."""
+    from django.core.management import CommandError, call_command
+
+    token = tmp_path / "jwt"
+    token.write_text("jwt")
+    with pytest.raises(CommandError, match=said):
+        call_command(
+            "add_cluster",
+            "--kind=slurm",
+            "--name=hpc",
+            "--url=http://127.0.0.1:9",
+            f"--token-file={token}",
+            *options,
+        )

@@ -171,6 +171,51 @@ def shards_for(share: float, shards_per_gpu: Any) -> int:
     return min(max(math.ceil(round(share * shards_per_gpu, 6)), 1), shards_per_gpu)
 
 
+#: The cluster settings (``Cluster.config``) that say how its GPUs are named and shared.
+SETTINGS = ("gpu_type", "mig_gres_types", "shards_per_gpu")
+MAX_SHARDS_PER_GPU = 10_000
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU settings of a Slurm cluster, checked (``SETTINGS``; None or empty drops one):
+    ``gpu_type``, the catalog's name for GPUs whose GRES names no type; ``mig_gres_types``,
+    ``{profile: the site's GRES type}``; ``shards_per_gpu``, how many shards a GPU has (Slurm's
+    ``Gres=gpu:N,shard:M``: M ÷ N). Raises ``SlurmError`` (field ``gres``) saying what is wrong."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key not in SETTINGS:
+            raise SlurmError(f"not a GPU setting of a Slurm cluster: {key!r}", "gres")
+        if value in (None, "", {}, 0):
+            continue
+        if key == "gpu_type":
+            out[key] = _setting_name(value, "gpu_type")
+        elif key == "shards_per_gpu":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SHARDS_PER_GPU:
+                raise SlurmError(
+                    f"shards_per_gpu must be a whole number from 1 to {MAX_SHARDS_PER_GPU}", "gres"
+                )
+            out[key] = value
+        else:
+            if not isinstance(value, Mapping) or len(value) > 64:
+                raise SlurmError("mig_gres_types maps MIG profiles to GRES types (at most 64)", "gres")
+            types = {}
+            for profile, gres_type in value.items():
+                found = parse_profile(profile)
+                if found is None:
+                    raise SlurmError(f"mig_gres_types: not a MIG profile: {str(profile)[:40]!r}", "gres")
+                types[found.name] = _setting_name(gres_type, f"mig_gres_types[{found.name}]")
+            out[key] = types
+    return out
+
+
+def _setting_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _TYPE_NAME.fullmatch(value):
+        raise SlurmError(
+            f"{what} must be a GRES type name (letters, digits, . _ + -): {str(value)[:40]!r}", "gres"
+        )
+    return value
+
+
 def _type_name(name: str, what: str) -> str:
     """A GRES type as it may appear in ``--gres`` (a comma or colon would ask for more)."""
     if not _TYPE_NAME.fullmatch(name):
