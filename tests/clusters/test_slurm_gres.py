@@ -285,6 +285,14 @@ def test_hostile_gres_never_stops_a_pass(hpc):
     assert "slurm.io/gres" not in hpc.nodes.get(name="n3").labels  # past what is kept: not kept
 
 
+def test_mig_instances_of_another_model_or_an_unknown_one_are_left_out(hpc):
+    seen = collect_now(hpc, {"n1": "gpu:h100:2,gpu:a100_1g.10gb:7", "n2": "gpu:b200_1g.10gb:7"})
+    assert hpc.nodes.get(name="n1").gpu_capacity == 2  # one model a node: the whole H100s
+    assert not hpc.nodes.get(name="n1").gpus.filter(mig_enabled=True).exists()
+    assert hpc.nodes.get(name="n2").gpu_capacity == 0
+    assert seen.unknown_gpu_types == ("b200",)
+
+
 @pytest.mark.skipif(not HAS_MIG_DESCRIPTION, reason="GpuDescription.mig (MIG instances in node descriptions)")
 def test_a_mig_node_has_gpus_in_mig_mode_with_their_instances(hpc):
     collect_now(hpc, {"n1": "gpu:a100:1(S:0),gpu:a100_3g.20gb:2(S:0)", "n2": "gpu:1g.10gb:14"})
