@@ -392,3 +392,45 @@ def test_add_cluster_checks_the_gpu_settings_before_connecting(db, tmp_path, opt
             f"--token-file={token}",
             *options,
         )
+
+
+@pytest.fixture
+def slurmrestd():
+    """A stand-in for slurmrestd that replays the recorded answers over real HTTP (onboarding
+    needs one answering; the real one runs only under the ``slurm`` fixture)."""
+    import http.server
+    import threading
+
+    nodes = (RECORDINGS / "slurm-22.05-nodes.json").read_bytes()
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path.startswith("/slurm/v0.0.38/")
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(
+                (nodes if self.path.endswith("/nodes") else b'{"errors": []}') if found else b"{}"
+            )
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_onboarding_keeps_the_gpu_settings_until_told_otherwise(db, slurmrestd):
+    from clusters.services.onboarding import onboard_slurm
+    from tests.factories import ensure_catalog
+
+    ensure_catalog()
+    settings = {"gpu_type": "a100", "shards_per_gpu": 8, "mig_gres_types": {"1g.10gb": "small"}}
+    cluster, _ = onboard_slurm("hpc", slurmrestd, "jwt", gres=settings)
+    assert {k: cluster.config[k] for k in settings} == settings
+    cluster, _ = onboard_slurm("hpc", slurmrestd, "jwt-rotated")  # a new token: the rest stays
+    assert {k: cluster.config[k] for k in settings} == settings
+    cluster, _ = onboard_slurm("hpc", slurmrestd, "jwt", gres={"shards_per_gpu": None})
+    assert "shards_per_gpu" not in cluster.config and cluster.config["gpu_type"] == "a100"
