@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +21,8 @@ from clusters.adapters.kubernetes.client import KubeError
 from clusters.adapters.registry import adapter_for
 from clusters.adapters.slurm.accounts import check_output_dir
 from clusters.adapters.slurm.api import SlurmClient, SlurmError
+from clusters.adapters.slurm.gres import SETTINGS as GRES_SETTINGS
+from clusters.adapters.slurm.gres import check_settings
 from clusters.adapters.slurm.inventory import collect
 from clusters.adapters.tags import new_tag
 from clusters.choices import ClusterKind, ClusterState, Identity
@@ -41,6 +44,7 @@ def onboard_slurm(
     slurm_conf: str = "",
     identity: str | None = None,
     output_dir: str = "",
+    gres: Mapping[str, Any] | None = None,
     actor: Any = None,
 ) -> tuple[Cluster, Inventory]:
     """Test the connection, then add (or update) the cluster and read its nodes. Raises
@@ -51,7 +55,9 @@ def onboard_slurm(
     gets ``accounts`` when none is given. ``output_dir`` is a template for where users' output
     goes (``{home}``, ``{user}``; default ``{home}/.orrery/slurm``). Onboarding an existing
     cluster again (a new token) keeps its identity, its output directory and its job tag unless
-    told otherwise: jobs already submitted stay its own. ``actor`` is who asked, for the audit
+    told otherwise: jobs already submitted stay its own. ``gres`` holds the GPU settings
+    (``gres.check_settings``: ``gpu_type``, ``mig_gres_types``, ``shards_per_gpu``); those not
+    given are kept. ``actor`` is who asked, for the audit
     log (the token is never recorded)."""
     other = Cluster.objects.filter(name=name).exclude(kind=ClusterKind.SLURM).values_list("kind", flat=True)
     if other:
@@ -62,6 +68,7 @@ def onboard_slurm(
         )
     if output_dir:
         check_output_dir(output_dir)
+    gres_settings = check_settings(gres or {})
     client = SlurmClient(url, token, user)
     try:
         version = client.connect()
@@ -86,6 +93,8 @@ def onboard_slurm(
         "tag": before.get("tag") or new_tag(),
         **({"slurm_conf": slurm_conf} if slurm_conf else {}),
         **({"output_dir": output_dir} if output_dir else {}),
+        **{key: before[key] for key in GRES_SETTINGS if key in before and key not in (gres or {})},
+        **gres_settings,
     }
     defaults = {"kind": ClusterKind.SLURM, "config": config} | ({"identity": identity} if identity else {})
     cluster, created = Cluster.objects.update_or_create(name=name, defaults=defaults)

@@ -5,30 +5,35 @@ server into Orrery's nodes, the heartbeat pipeline and the scheduler's cache."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clusters.adapters.kubernetes.inventory import (
+from clusters.adapters.kubernetes.gpus import (
     GPU,
     RESOURCE_LABEL,
-    GpuCatalog,
     GpuOffer,
-    foreign_usage,
     gpu_offer,
+    quantity,
+    unavailable_gpus,
+)
+from clusters.adapters.kubernetes.inventory import (
+    GpuCatalog,
+    foreign_usage,
     is_orrery_pod,
     node_state,
     node_view,
     normalise,
     pod_requests,
-    quantity,
-    unavailable_gpus,
 )
+from clusters.services.credentials import GpuDescription
 from tests.kubefake import plugin
 
 kube, kube_client = plugin.kube, plugin.kube_client  # the fake API server's fixtures
+HAS_MIG_DESCRIPTION = "mig" in {f.name for f in dataclasses.fields(GpuDescription)}
 RECORDINGS = Path(__file__).resolve().parents[1] / "kubefake" / "recordings"
 
 
@@ -124,14 +129,19 @@ def test_h100_node_offers_eight_gpus_with_its_labels():
     assert view.boot_id == "9b0e8a52-61c4-4f0e-a0a7-4a4e0d6a3c11"
 
 
-def test_mig_node_offers_its_slices_not_the_zero_full_gpus():
+def test_mig_node_offers_a_gpu_in_mig_mode_with_its_instances_not_the_zero_full_gpus():
     view = node_view(ready(recorded_node("012")))
-    assert view is not None
-    assert view.offer == GpuOffer(
-        "nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb"
-    )
-    assert view.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
-    assert view.gpu_memory_mb == 0  # the label is the whole GPU's; a slice's comes from the catalog
+    assert view is not None and view.gpus is not None
+    assert view.offer == GpuOffer(GPU, "NVIDIA-A100-SXM4-80GB", 0, 0)
+    assert view.gpus.mig == (GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB", 7, 7, "1g.10gb"),)
+    (gpu,) = view.mig_layout  # 7 × 1g.10gb: one A100's worth
+    assert gpu == tuple(
+        {"slot": i, "profile": "1g.10gb", "uuid": "", "memory_mb": 9728, "slices": 1} for i in range(7)
+    )  # each instance's memory as GFD gives it
+    assert view.gpu_count == 1
+    assert view.labels[RESOURCE_LABEL] == GPU
+    assert view.labels["orrery.io/mig-layout"] == "1g.10gb:7"
+    assert view.gpu_memory_mb == 81920  # the whole GPU's, as GFD gives it
 
 
 def test_node_registered_without_status_offers_nothing():
@@ -214,28 +224,13 @@ def test_recorded_gpu_taint_leaves_the_mig_node_schedulable():
         (GpuOffer(GPU, "NVIDIA-A100-SXM4-80GB", 8, 8), "a100-80g"),
         (GpuOffer(GPU, "NVIDIA-A100-SXM4-80GB-SHARED", 8, 8), "a100-80g"),
         (GpuOffer(GPU, "NVIDIA-B200", 8, 8), None),
-        (GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb"), None),
+        (GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB", 7, 7, "1g.10gb"), "a100-80g"),
     ],
-    ids=["h100", "a100", "time-sliced", "unknown-product", "mig-without-catalog-entry"],
+    ids=["h100", "a100", "time-sliced", "unknown-product", "mig-instances-of-their-gpus-model"],
 )
 def test_catalog_resolves_gfd_products(offer, slug):
     model = GpuCatalog.load().resolve(offer)
     assert (model.slug if model else None) == slug
-
-
-@pytest.mark.django_db
-def test_catalog_resolves_a_mig_profile_it_has():
-    from clusters.models import GpuModel, GpuModelAlias
-
-    mig = GpuModel.objects.create(
-        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
-    )
-    catalog = GpuCatalog.load()
-    offer = GpuOffer("nvidia.com/mig-1g.10gb", "NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 7, 7, "1g.10gb")
-    assert catalog.resolve(offer) == mig  # by the base product's slug
-    other = GpuModel.objects.create(slug="mig-small", name="MIG small", memory_mb=9728, tdp_watts=57)
-    GpuModelAlias.objects.create(gpu_model=other, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", kind="product")
-    assert GpuCatalog.load().resolve(offer) == other  # by the product name nvidia-smi reports
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -349,8 +344,8 @@ def test_first_pass_creates_the_gpu_nodes(cluster_a, inventory_pass):
 
     mig = ready(recorded_node("012"))
     seen = inventory_pass(cluster_a, [h100(), mig, recorded_node("013")])
-    assert (seen.nodes, seen.gpus) == (3, 16)
-    assert seen.unknown_gpu_types == ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb",)
+    assert (seen.nodes, seen.gpus) == (3, 17)  # 8 + 8, and the A100 in MIG mode
+    assert seen.unknown_gpu_types == ()
     node = orrery_node(cluster_a, "dgx-h100-001")
     assert node.gpu_capacity == 8
     assert {g.model.slug for g in node.gpus.all()} == {"h100-80g"}
@@ -359,7 +354,7 @@ def test_first_pass_creates_the_gpu_nodes(cluster_a, inventory_pass):
     assert node.labels[RESOURCE_LABEL] == GPU
     assert "nvidia.com/gfd.timestamp" not in node.labels  # changes every GFD run: not copied
     assert node.cpu_millicores_allocatable == 222_000
-    assert orrery_node(cluster_a, "dgx-a100-mig-001").gpu_capacity == 0  # no catalog entry for the slice
+    assert orrery_node(cluster_a, "dgx-a100-mig-001").gpu_capacity == 1  # one A100, in MIG mode
     not_ready = orrery_node(cluster_a, "dgx-h100-002")
     assert not_ready.state == NodeState.NOT_READY
     assert not_ready.state_reason.startswith("kubernetes: Ready=False (KubeletNotReady")
@@ -382,18 +377,49 @@ def test_a_pass_that_sees_nothing_new_writes_no_node_rows(
         apply_inventory(cluster_a, nodes, [])
 
 
-def test_mig_slices_are_gpus_of_their_catalog_model(cluster_a, inventory_pass):
-    from clusters.models import GpuModel
-
-    GpuModel.objects.create(
-        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
-    )
+def test_a_mig_node_joins_with_its_gpu_in_mig_mode_and_its_instances(cluster_a, inventory_pass):
     seen = inventory_pass(cluster_a, [ready(recorded_node("012"))])
-    assert (seen.gpus, seen.unknown_gpu_types) == (7, ())
+    assert (seen.gpus, seen.unknown_gpu_types) == (1, ())
     node = orrery_node(cluster_a, "dgx-a100-mig-001")
-    assert node.gpu_capacity == 7
-    assert node.labels[RESOURCE_LABEL] == "nvidia.com/mig-1g.10gb"
-    assert {(g.model.slug, g.memory_mb) for g in node.gpus.all()} == {("a100-80g-mig-1g-10gb", 9728)}
+    (gpu,) = node.gpus.all()
+    assert (gpu.model.slug, gpu.memory_mb, gpu.mig_enabled) == ("a100-80g", 81920, True)
+    assert list(gpu.mig_instances.values_list("slot", "profile", "memory_mb", "slices")) == [
+        (i, "1g.10gb", 9728, 1) for i in range(7)
+    ]
+    assert node.labels["orrery.io/mig-layout"] == "1g.10gb:7"
+
+
+@pytest.mark.skipif(not HAS_MIG_DESCRIPTION, reason="GpuDescription.mig (MIG instances in node descriptions)")
+def test_a_changed_mig_layout_describes_the_node_again(cluster_a, inventory_pass):
+    node = ready(recorded_node("012"))
+    inventory_pass(cluster_a, [node])
+    for key in ("capacity", "allocatable"):
+        del node["status"][key]["nvidia.com/mig-1g.10gb"]
+        node["status"][key]["nvidia.com/mig-3g.40gb"] = "4"
+    inventory_pass(cluster_a, [node])
+    row = orrery_node(cluster_a, "dgx-a100-mig-001")
+    assert row.labels["orrery.io/mig-layout"] == "3g.40gb:4"
+    assert [list(g.mig_instances.values_list("profile", flat=True)) for g in row.gpus.order_by("index")] == [
+        ["3g.40gb"] * 2
+    ] * 2
+
+
+def test_foreign_pods_holding_mig_instances_take_gpus_in_mig_mode_away(cluster_a, inventory_pass):
+    from clusters.choices import GpuHealth
+
+    node = ready(recorded_node("012"))
+    for key in ("capacity", "allocatable"):
+        node["status"][key]["nvidia.com/mig-1g.10gb"] = "14"
+    inventory_pass(cluster_a, [node])
+    slices = pod("slices", "dgx-a100-mig-001")
+    slices["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "2"}
+    inventory_pass(cluster_a, [node], [slices])
+    gpus = orrery_node(cluster_a, "dgx-a100-mig-001").gpus
+    assert list(gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", "health_reason")) == [
+        (1, "MIG instances in use by pods Orrery did not place")
+    ]
+    inventory_pass(cluster_a, [node], [])
+    assert not gpus.filter(health=GpuHealth.UNHEALTHY).exists()
 
 
 def test_cordon_then_uncordon_follows_kubernetes(cluster_a, inventory_pass):
@@ -643,18 +669,14 @@ def settle(check, timeout: float = 10.0):
 def test_inventory_through_the_api_server(kube_cluster, fake, adapter_client, inventory_from):
     from clusters.adapters.kubernetes.inventory import informers_for
     from clusters.choices import GpuHealth, NodeState
-    from clusters.models import GpuModel
 
-    GpuModel.objects.create(
-        slug="a100-80g-mig-1g-10gb", name="A100 MIG 1g.10gb", memory_mb=9728, tdp_watts=57
-    )
     fake.add_gpu_node("h100-a")
     fake.add_gpu_node("h100-b")
     fake.add_gpu_node("mig-a", product="NVIDIA-A100-SXM4-80GB", mig={"mig-1g.10gb": 7})
     fake.add_gpu_node("sick", ready=False)
     fake.add_gpu_node("cpu-only", gpus=0)
     seen = inventory_from(kube_cluster, adapter_client)
-    assert (seen.nodes, seen.gpus, seen.unknown_gpu_types) == (4, 31, ())
+    assert (seen.nodes, seen.gpus, seen.unknown_gpu_types) == (4, 25, ())  # 8 + 8 + 8, one A100 in MIG mode
     heartbeats_on_time()
     states = dict(kube_cluster.nodes.values_list("name", "state"))
     assert states == {"h100-a": "ready", "h100-b": "ready", "mig-a": "ready", "sick": "not_ready"}
@@ -675,7 +697,7 @@ def test_inventory_through_the_api_server(kube_cluster, fake, adapter_client, in
     taken = rows["h100-a"].gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)
     assert sorted(taken) == [5, 6, 7]  # the foreign pod's three; Orrery's own pod is not subtracted
     slices = rows["mig-a"].gpus.filter(health=GpuHealth.UNHEALTHY).values_list("index", flat=True)
-    assert sorted(slices) == [5, 6]
+    assert list(slices) == [0]  # its one GPU in MIG mode: two of its instances are a foreign pod's
 
     fake.delete_node("h100-b")
     settle(lambda: nodes.get("h100-b") is None)

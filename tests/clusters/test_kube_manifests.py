@@ -11,6 +11,7 @@ from clusters.adapters.kubernetes.manifests import (
     LABEL_JOB,
     LABEL_TAG,
     ManifestError,
+    gpu_request,
     job_manifest,
     job_name,
     secret_manifest,
@@ -228,3 +229,75 @@ def test_every_pod_gets_the_launch_environment_and_the_job_cannot_override_it(no
 def test_the_agreed_port_is_every_pods_port():
     env = env_of(job_manifest(work(nodes=2, master_port=29517), "t0", uid=1000, gid=1000))
     assert env["MASTER_PORT"] == env["ORRERY_MASTER_PORT"] == "29517"
+
+
+# --- which resource a node's share is asked by (``gpu_request``) --------------------------------
+MIG_NODE = {"orrery.io/gpu-resource": "nvidia.com/gpu", "nvidia.com/mig.strategy": "mixed"}
+SINGLE_NODE = {"orrery.io/gpu-resource": "nvidia.com/gpu", "nvidia.com/mig.strategy": "single"}
+TIME_SLICED = {"orrery.io/gpu-resource": "nvidia.com/gpu", "nvidia.com/gpu.replicas": "4"}
+RENAMED = {"orrery.io/gpu-resource": "nvidia.com/gpu.shared", "nvidia.com/gpu.replicas": "4"}
+
+
+@pytest.mark.parametrize(
+    ("share", "node_labels", "resource"),
+    [
+        (Share(1, "n", (0, 1)), {}, "nvidia.com/gpu"),
+        (Share(1, "n", (0, 1)), MIG_NODE, "nvidia.com/gpu"),
+        (Share(1, "n", (3, 3), mig_profile="1g.10gb"), MIG_NODE, "nvidia.com/mig-1g.10gb"),
+        (Share(1, "n", (3,), mig_profile="3g.40gb"), {}, "nvidia.com/mig-3g.40gb"),
+        (Share(1, "n", (3,), mig_profile="1g.10gb"), SINGLE_NODE, "nvidia.com/gpu"),
+        (Share(1, "n", (0,), gpu_memory_mb=20480, gpu_share=0.25), TIME_SLICED, "nvidia.com/gpu"),
+        (Share(1, "n", (0,), gpu_memory_mb=20480, gpu_share=0.25), RENAMED, "nvidia.com/gpu.shared"),
+        (Share(1, "n", (0, 1)), RENAMED, "nvidia.com/gpu.shared"),
+    ],
+    ids=[
+        "whole-on-a-node-without-labels",
+        "whole",
+        "mig-instances",
+        "mig-profile-named-as-the-plugin-names-it",
+        "mig-under-the-single-strategy",
+        "shared-on-a-time-sliced-node",
+        "shared-where-the-plugin-renamed-replicas",
+        "whole-on-a-renamed-node",
+    ],
+)
+def test_a_share_is_asked_by_the_resource_its_node_offers_it_as(share, node_labels, resource):
+    assert gpu_request(share, node_labels) == resource
+
+
+@pytest.mark.parametrize(
+    "profile",
+    ["1g.10gb,nvidia.com/gpu", "../../x", "nvidia.com/gpu", "9g.10gb", "1g.10gb: 8"],
+    ids=["a-list", "a-path", "a-resource", "not-a-profile", "yaml-ish"],
+)
+def test_a_mig_profile_that_is_not_one_is_refused(profile):
+    with pytest.raises(ManifestError, match="not a MIG profile"):
+        gpu_request(Share(1, "n", (0,), mig_profile=profile), MIG_NODE)
+
+
+@pytest.mark.parametrize(
+    ("shares", "resource", "limit", "gpus_env"),
+    [
+        (
+            (Share(1, "a", (2, 2), mig_profile="1g.10gb", mig_uuids=("MIG-x", "MIG-y")),),
+            "nvidia.com/mig-1g.10gb",
+            "2",
+            "2",
+        ),
+        ((Share(1, "a", (0,), gpu_memory_mb=20480, gpu_share=0.25),), "nvidia.com/gpu", "1", "1"),
+        (
+            tuple(Share(i, f"n{i}", (1, 1, 1), mig_profile="2g.20gb") for i in (1, 2)),
+            "nvidia.com/mig-2g.20gb",
+            "3",
+            "3",
+        ),
+    ],
+    ids=["two-mig-instances", "a-quarter-of-a-shared-gpu", "a-gang-of-mig-instances"],
+)
+def test_a_pod_asks_for_its_instances_or_one_unit_of_a_shared_gpu(shares, resource, limit, gpus_env):
+    w = work(shares=shares)
+    job = job_manifest(w, "t0", uid=1000, gid=1000, gpu_resource=gpu_request(shares[0], MIG_NODE))
+    limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert {k: v for k, v in limits.items() if k.startswith("nvidia.com/")} == {resource: limit}
+    assert env_of(job)["ORRERY_GPUS_PER_NODE"] == gpus_env
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(job)  # the device plugin says which instance, not Orrery

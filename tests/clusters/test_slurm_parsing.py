@@ -19,7 +19,7 @@ from clusters.adapters.slurm.accounts import (
     output_path,
     read_tail,
 )
-from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv
+from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv, work_gres
 from clusters.adapters.slurm.api import (
     SlurmError,
     decode_exit,
@@ -228,7 +228,8 @@ SERVICE = Account("orrery", 990, 990, "/var/lib/orrery", shared=True)
 
 
 def test_the_sbatch_command_line_pins_the_chosen_nodes_and_gpus():
-    argv = sbatch_argv(_work(), "a100", account=ALICE, output="/home/orrt-alice/o.out", tag="t1")
+    gres = work_gres(_work(), {"slurm.io/gres-type": "a100"}, {})
+    argv = sbatch_argv(_work(), gres, account=ALICE, output="/home/orrt-alice/o.out", tag="t1")
     assert argv[:3] == ["sbatch", "--parsable", "--job-name=0b7c"]
     assert "--nodelist=n1,n2" in argv and "--nodes=2" in argv and "--no-requeue" in argv
     assert "--gres=gpu:a100:2" in argv and "--time=2" in argv

@@ -37,10 +37,9 @@ from clusters.adapters.base import (
     Work,
 )
 from clusters.adapters.kubernetes.client import TIMEOUT, KubeError, api_for, namespace_of
+from clusters.adapters.kubernetes.gpus import GPU
 from clusters.adapters.kubernetes.informer import forget, watched, watched_clusters
 from clusters.adapters.kubernetes.inventory import (
-    GPU,
-    RESOURCE_LABEL,
     STALE_AFTER_S,
     VANISHED,
     credentials_of,
@@ -51,6 +50,7 @@ from clusters.adapters.kubernetes.manifests import (
     LABEL_ATTEMPT,
     LABEL_TAG,
     ManifestError,
+    gpu_request,
     job_manifest,
     secret_manifest,
     selector,
@@ -96,7 +96,7 @@ class KubernetesAdapter:
         api = _api(cluster)
         namespace, tag = namespace_of(cluster), cluster_tag(cluster)
         batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
-        resources = _gpu_resources(cluster, works)
+        node_labels = _node_labels(cluster, works)
         tolerated = [str(k) for k in cluster.config.get("tolerated_taints") or ()]
         for work in works:
             try:
@@ -106,7 +106,9 @@ class KubernetesAdapter:
                     tag,
                     uid=uid,
                     gid=gid,
-                    gpu_resource=resources.get(work.nodes[0] if work.shares else "", GPU),
+                    gpu_resource=gpu_request(work.shares[0], node_labels.get(work.nodes[0], {}))
+                    if work.shares
+                    else GPU,
                     tolerated=tolerated,
                 )
                 service = service_manifest(work, tag) if len(work.shares) > 1 else None
@@ -280,11 +282,12 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _gpu_resources(cluster: Cluster, works: Sequence[Work]) -> dict[str, str]:
-    """The GPU resource each node offers Orrery (the inventory's ``orrery.io/gpu-resource``)."""
+def _node_labels(cluster: Cluster, works: Sequence[Work]) -> dict[str, dict[str, str]]:
+    """The labels of each node the works run on: which GPU resources it offers (the
+    inventory's ``orrery.io/gpu-resource``, GFD's MIG strategy), for ``gpu_request``."""
     names = {n for w in works for n in w.nodes}
     rows = Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "labels")
-    return {name: (labels or {}).get(RESOURCE_LABEL) or GPU for name, labels in rows}
+    return {name: labels or {} for name, labels in rows}
 
 
 def _gone_nodes(cluster: Cluster, works: Sequence[Work]) -> set[str]:

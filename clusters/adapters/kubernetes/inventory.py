@@ -6,25 +6,35 @@ recorded nodes); the second half writes what they say.
 
 What a Kubernetes node becomes in Orrery:
 
-* **Which nodes**: those offering NVIDIA GPUs — ``nvidia.com/gpu`` or ``nvidia.com/mig-<profile>``
-  in capacity or allocatable. Other nodes are not Orrery's to schedule on.
+* **Which nodes**: those offering NVIDIA GPUs — ``nvidia.com/gpu``, ``nvidia.com/gpu.shared`` or
+  ``nvidia.com/mig-<profile>`` in capacity or allocatable (``gpus.node_gpus``). Other nodes are
+  not Orrery's to schedule on.
 * **GPU model**: from GPU feature discovery's ``nvidia.com/gpu.product`` (``NVIDIA-H100-80GB-HBM3``),
   matched to the catalog's slugs and aliases with dashes, underscores and spaces counted alike
   and GFD's ``-SHARED`` suffix dropped. A product the catalog lacks is reported in
-  ``Inventory.unknown_gpu_types`` and the node joins with no GPUs (as on Slurm).
-* **MIG**: a slice is a GPU of its own model when the catalog has one, named
-  ``<product> MIG <profile>`` (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``, what nvidia-smi calls it) or
-  ``<base slug>-mig-<profile>`` (``a100-80g-mig-1g-10gb``); otherwise the type is unknown, as
-  above. With GFD's *single* strategy the slices are ``nvidia.com/gpu`` and the product label says
-  ``…-MIG-1g.10gb``, which resolves the same way. A node offers Orrery **one** GPU resource (the
-  scheduler sees one model per node): full GPUs if it has any, else its most plentiful MIG
-  profile. The resource is written into the node's labels as ``orrery.io/gpu-resource``, so a
-  Job asks for the right one.
+  ``Inventory.unknown_gpu_types`` and the node joins with no GPUs (as on Slurm). One model a
+  node: its GPUs are all of the product's model.
+* **MIG**: a node's GPUs in MIG mode are GPUs of the product's model (``NVIDIA-A100-SXM4-80GB``:
+  ``a100-80g``) holding MIG instances, as many of each profile as ``nvidia.com/mig-<profile>``
+  counts (``nvidia.com/gpu`` under GFD's *single* strategy, whose product label says
+  ``…-MIG-1g.10gb``), each of the memory GFD gives it. Which GPU holds which instance is a tally
+  (``clusters.adapters.mig``); they come after the node's whole GPUs. The scheduler places a
+  ``gpus: a100:1g.10gb`` job there, and its pod asks for ``nvidia.com/mig-1g.10gb``
+  (``manifests.gpu_request``). The layout is written into the node's labels
+  (``orrery.io/mig-layout: 1g.10gb:7``), so a changed layout is seen as a changed node.
+* **Shared GPUs**: a node whose device plugin time-slices or runs MPS (``nvidia.com/gpu.replicas``
+  > 1) has its replicas divided back into GPUs. Whether Orrery hands out fractions of them is the
+  operator's choice (``GpuDevice.shareable``), as on every kind; the pods ask for the resource
+  the node advertises (``nvidia.com/gpu.shared`` where the plugin renamed it). The resource a
+  node's whole GPUs are asked by is written into its labels as ``orrery.io/gpu-resource``.
 * **GPUs**: one device per GPU of *capacity*. Those the device plugin withdrew (capacity above
   allocatable: it found them unhealthy) and those held by pods Orrery did not place are reported
   unhealthy, with the reason, so the scheduler counts them as taken; Orrery's own pods are
   counted by Orrery's allocations. Which indices: the highest ones Orrery does not hold (on
   Kubernetes the device plugin, not Orrery, picks the physical GPU; Orrery's indices are tallies).
+  MIG instances withdrawn or held by foreign pods take whole GPUs in MIG mode out, enough to
+  cover them (``gpus.unavailable_mig_gpus``); a foreign pod's replica of a shared GPU takes one
+  GPU (it may be on any).
 * **Foreign pods**: pods bound to the node, not Succeeded/Failed, that are not Orrery's. A pod is
   Orrery's only if it is in the cluster's Orrery namespace (``config["namespace"]``) *and* carries
   ``orrery.io/attempt-id``: a pod elsewhere claiming the label is foreign all the same. Their CPU
@@ -63,21 +73,30 @@ from kubernetes.utils import parse_quantity
 
 from clusters import ports
 from clusters.adapters.base import AdapterError, Inventory
+from clusters.adapters.kubernetes.gpus import (
+    GPU,
+    MIG_LAYOUT_LABEL,
+    MIG_PREFIX,
+    RESOURCE_LABEL,
+    SHARED_GPU,
+    GpuOffer,
+    NodeGpus,
+    foreign_gpus,
+    node_gpus,
+    quantity,
+    unavailable_gpus,
+    unavailable_mig_gpus,
+)
 from clusters.adapters.kubernetes.informer import Informer, watched
 from clusters.choices import OPERATOR_NODE_STATES, GpuHealth, NodeState
 from clusters.ingest.buffer import get_buffer
 from clusters.ingest.records import collector_record
-from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, Node
+from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, MigInstance, Node
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
 from clusters.services.nodes import set_node_state
 
 log = logging.getLogger(__name__)
 
-GPU = "nvidia.com/gpu"
-MIG_PREFIX = "nvidia.com/mig-"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-MEMORY_LABEL = "nvidia.com/gpu.memory"
-RESOURCE_LABEL = "orrery.io/gpu-resource"
 ATTEMPT_LABEL = "orrery.io/attempt-id"
 DEFAULT_NAMESPACE = "orrery"
 REASON_PREFIX = "kubernetes: "
@@ -95,17 +114,6 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 # --- the API server's JSON, in Orrery's terms (pure) -------------------------------------------
-def quantity(value: Any, scale: int = 1) -> int:
-    """A Kubernetes quantity (``"222"``, ``"500m"``, ``"2102984852Ki"``) times ``scale``, as an
-    int (0 for nothing or nonsense)."""
-    if value in (None, ""):
-        return 0
-    try:
-        return max(int(parse_quantity(value) * scale), 0)
-    except (ValueError, ArithmeticError, TypeError):
-        return 0
-
-
 def normalise(name: str) -> str:
     """Product names as GFD, nvidia-smi and people write them, made comparable."""
     key = re.sub(r"[-_\s]+", " ", name.strip().lower())
@@ -113,54 +121,29 @@ def normalise(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class GpuOffer:
-    """What a node offers in one GPU resource: ``capacity`` devices, ``allocatable`` usable."""
-
-    resource: str
-    type_name: str  # the product as catalog lookup sees it, e.g. "NVIDIA-H100-80GB-HBM3"
-    capacity: int
-    allocatable: int
-    profile: str = ""  # the MIG profile ("1g.10gb"), "" for full GPUs
-
-
-def gpu_offer(node: dict[str, Any]) -> GpuOffer | None:
-    """The one GPU resource the node offers Orrery (module docstring), or None."""
-    status = node.get("status") or {}
-    capacity, allocatable = status.get("capacity") or {}, status.get("allocatable") or {}
-    product = ((node.get("metadata") or {}).get("labels") or {}).get(PRODUCT_LABEL, "")
-    offers = []
-    for resource in sorted(set(capacity) | set(allocatable)):
-        if resource != GPU and not resource.startswith(MIG_PREFIX):
-            continue
-        cap = quantity(capacity.get(resource))
-        alloc = min(quantity(allocatable.get(resource)), cap) if cap else quantity(allocatable.get(resource))
-        cap = max(cap, alloc)
-        if cap <= 0:
-            continue
-        profile = resource.removeprefix(MIG_PREFIX) if resource != GPU else ""
-        name = f"{product or 'NVIDIA GPU'} MIG {profile}" if profile else (product or "NVIDIA GPU")
-        offers.append(GpuOffer(resource, name, cap, alloc, profile))
-    if not offers:
-        return None
-    full = [o for o in offers if o.resource == GPU]
-    return full[0] if full else max(offers, key=lambda o: (o.capacity, o.resource))
-
-
-@dataclass(frozen=True)
 class NodeView:
-    """A Kubernetes node as Orrery sees it: capacities in base units, one GPU offer, the state
+    """A Kubernetes node as Orrery sees it: capacities in base units, its GPUs, the state
     Kubernetes puts it in (``ready``, ``not_ready``, ``cordoned``) and why."""
 
     name: str
     cpu_millicores: int
     memory_bytes: int
-    offer: GpuOffer
+    offer: GpuOffer  # whole GPUs
     gpu_memory_mb: int
     labels: dict[str, str]
     state: str
     reason: str
     boot_id: str = ""
     kubelet: str = ""
+    gpus: NodeGpus | None = None  # whole GPUs, then those in MIG mode with their instances
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus.count if self.gpus is not None else self.offer.capacity
+
+    @property
+    def mig_layout(self) -> tuple[tuple[dict[str, Any], ...], ...]:
+        return self.gpus.layout if self.gpus is not None else ()
 
 
 def node_state(node: dict[str, Any], tolerated: Iterable[str] = ()) -> tuple[str, str]:
@@ -184,28 +167,30 @@ def node_state(node: dict[str, Any], tolerated: Iterable[str] = ()) -> tuple[str
 
 
 def node_view(node: dict[str, Any], tolerated: Iterable[str] = ()) -> NodeView | None:
-    """The node in Orrery's terms, or None when it offers no NVIDIA GPU."""
-    offer = gpu_offer(node)
-    if offer is None:
+    """The node in Orrery's terms, or None when it offers no NVIDIA GPU (nor MIG instance)."""
+    gpus = node_gpus(node)
+    if gpus is None:
         return None
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     labels = dict(meta.get("labels") or {})
-    labels[RESOURCE_LABEL] = offer.resource
+    labels[RESOURCE_LABEL] = gpus.whole.resource
+    if gpus.layout:
+        labels[MIG_LAYOUT_LABEL] = gpus.layout_label
     allocatable = status.get("allocatable") or {}
-    memory_mb = quantity(labels.get(MEMORY_LABEL)) if not offer.profile else 0
     state, reason = node_state(node, tolerated)
     info = status.get("nodeInfo") or {}
     return NodeView(
         name=meta.get("name", ""),
         cpu_millicores=quantity(allocatable.get("cpu"), 1000),
         memory_bytes=quantity(allocatable.get("memory")),
-        offer=offer,
-        gpu_memory_mb=memory_mb,
+        offer=gpus.whole,
+        gpu_memory_mb=gpus.memory_mb,
         labels=labels,
         state=state,
         reason=reason[:255],
         boot_id=(info.get("bootID") or "")[:64],
         kubelet=(info.get("kubeletVersion") or "")[:30],
+        gpus=gpus,
     )
 
 
@@ -268,26 +253,11 @@ def foreign_usage(pods: Iterable[dict[str, Any]], namespace: str) -> dict[str, U
                 entry.cpu_millicores += int(value * 1000)
             elif name == "memory":
                 entry.memory_bytes += int(value)
-            elif name == GPU or name.startswith(MIG_PREFIX):
+            elif name in (GPU, SHARED_GPU) or name.startswith(MIG_PREFIX):
                 entry.resources[name] += int(value)
         meta = pod.get("metadata") or {}
         entry.pods.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     return dict(usage)
-
-
-def unavailable_gpus(offer: GpuOffer, foreign: int, held: set[int]) -> dict[int, str]:
-    """``{GPU index: why Orrery may not use it}``: the device plugin's withdrawn GPUs, then those
-    foreign pods hold, taken from the highest indices Orrery does not hold itself."""
-    withdrawn = offer.capacity - offer.allocatable
-    free = [i for i in range(offer.capacity - 1, -1, -1) if i not in held]
-    out: dict[int, str] = {}
-    for n, index in enumerate(free[: withdrawn + max(foreign, 0)]):
-        out[index] = (
-            "not allocatable (withdrawn by the device plugin)"
-            if n < withdrawn
-            else "in use by pods Orrery did not place"
-        )
-    return out
 
 
 class GpuCatalog:
@@ -307,13 +277,8 @@ class GpuCatalog:
         return cls(names)
 
     def resolve(self, offer: GpuOffer) -> Any | None:
-        found = self.names.get(normalise(offer.type_name))
-        if found is not None or not offer.profile:
-            return found
-        base = self.names.get(normalise(offer.type_name.rsplit(" MIG ", 1)[0]))
-        if base is None:
-            return None
-        return self.names.get(normalise(f"{base.slug}-mig-{offer.profile.replace('.', '-')}"))
+        """The model of the offer's product (of the parent GPU, for MIG instances)."""
+        return self.names.get(normalise(offer.type_name))
 
 
 # --- the informers --------------------------------------------------------------------------
@@ -429,7 +394,7 @@ def apply_inventory(
         records = _heartbeats(cluster, views, models, usage, rows)
         if records:  # after commit: the nodes created above must exist for the aggregator
             transaction.on_commit(lambda: get_buffer().put(records))
-    gpus = sum(v.offer.capacity for n, v in views.items() if models[n] is not None)
+    gpus = sum(v.gpu_count for n, v in views.items() if models[n] is not None)
     return Inventory(len(views), gpus, tuple(sorted(unknown)))
 
 
@@ -454,14 +419,11 @@ def _labels(view: NodeView) -> dict[str, str]:
 
 
 def _description(view: NodeView, model: GpuModel | None) -> NodeDescription:
-    gpus = (
-        [
-            GpuDescription(index=i, model=model, memory_mb=view.gpu_memory_mb)
-            for i in range(view.offer.capacity)
-        ]
-        if model is not None
-        else []
-    )
+    gpus: list[GpuDescription] = []
+    if model is not None:
+        whole = view.offer.capacity
+        gpus = [GpuDescription(index=i, model=model, memory_mb=view.gpu_memory_mb) for i in range(whole)]
+        gpus += [_mig_gpu(whole + i, model, view, list(mig)) for i, mig in enumerate(view.mig_layout)]
     return NodeDescription(
         name=view.name,
         cpu_millicores=view.cpu_millicores,
@@ -471,6 +433,11 @@ def _description(view: NodeView, model: GpuModel | None) -> NodeDescription:
         agent_version=_agent(view),
         boot_id=view.boot_id or _BOOT,
     )
+
+
+def _mig_gpu(index: int, model: GpuModel, view: NodeView, instances: list[dict[str, Any]]) -> GpuDescription:
+    """A GPU in MIG mode, its instances in the agent-report shape (``GpuDescription.mig``)."""
+    return GpuDescription(index=index, model=model, memory_mb=view.gpu_memory_mb, mig=instances)
 
 
 def _agent(view: NodeView) -> str:
@@ -493,7 +460,7 @@ def _create_nodes(cluster: Cluster, views: list[NodeView], models: dict[str, Gpu
                 cpu_millicores_allocatable=v.cpu_millicores,
                 memory_bytes_capacity=v.memory_bytes,
                 memory_bytes_allocatable=v.memory_bytes,
-                gpu_capacity=v.offer.capacity if models[v.name] is not None else 0,
+                gpu_capacity=v.gpu_count if models[v.name] is not None else 0,
                 labels=_labels(v),
                 agent_version=_agent(v),
                 boot_id=v.boot_id or _BOOT,
@@ -502,16 +469,39 @@ def _create_nodes(cluster: Cluster, views: list[NodeView], models: dict[str, Gpu
         ],
         batch_size=1000,
     )
-    devices = []
+    devices, layouts = [], []
     for node, view in zip(created, views, strict=True):
         model = models[view.name]
         if model is not None:
             memory = view.gpu_memory_mb or model.memory_mb
             devices += [
-                GpuDevice(node=node, index=i, model=model, memory_mb=memory, health=GpuHealth.HEALTHY)
-                for i in range(view.offer.capacity)
+                GpuDevice(
+                    node=node,
+                    index=i,
+                    model=model,
+                    memory_mb=memory,
+                    health=GpuHealth.HEALTHY,
+                    mig_enabled=i >= view.offer.capacity,
+                )
+                for i in range(view.gpu_count)
             ]
+            layouts += [()] * view.offer.capacity + list(view.mig_layout)
     GpuDevice.objects.bulk_create(devices, batch_size=5000)
+    MigInstance.objects.bulk_create(
+        [
+            MigInstance(
+                gpu=device,
+                slot=mig["slot"],
+                profile=mig["profile"],
+                uuid=mig["uuid"],
+                memory_mb=mig["memory_mb"],
+                slices=mig["slices"],
+            )
+            for device, layout in zip(devices, layouts, strict=True)
+            for mig in layout
+        ],
+        batch_size=5000,
+    )
 
 
 def _refresh_facts(
@@ -527,7 +517,7 @@ def _refresh_facts(
     for name, view in views.items():
         _, _, _, _, cpu, _, memory, _, gpus, labels = rows[name]
         model = models[name]
-        facts = (view.cpu_millicores, view.memory_bytes, view.offer.capacity if model else 0, _labels(view))
+        facts = (view.cpu_millicores, view.memory_bytes, view.gpu_count if model else 0, _labels(view))
         if facts == (cpu, memory, gpus, labels) and first.get(name) == (model.pk if model else None):
             continue
         try:
@@ -583,12 +573,8 @@ def _heartbeats(
     """A heartbeat for every node whose kubelet says Ready (cordoned ones too: the machine is
     alive), with its GPUs as Orrery may use them."""
     alive = [name for name, view in views.items() if view.state != "not_ready"]
-    foreign = {n: usage[n].resources.get(views[n].offer.resource, 0) if n in usage else 0 for n in alive}
-    short = [
-        rows[n][0]
-        for n in alive
-        if models[n] is not None and (foreign[n] or views[n].offer.allocatable < views[n].offer.capacity)
-    ]
+    foreign = {n: dict(usage[n].resources) if n in usage else {} for n in alive}
+    short = [rows[n][0] for n in alive if models[n] is not None and _short(views[n], foreign[n])]
     held = ports.held_gpus()(short) if short else {}
     now = time.time()
     records = []
@@ -596,8 +582,8 @@ def _heartbeats(
         view, pk = views[name], rows[name][0]
         gpus = []
         if models[name] is not None:
-            unavailable = unavailable_gpus(view.offer, foreign[name], held.get(pk, set()))
-            for i in range(view.offer.capacity):
+            unavailable = _unavailable(view, foreign[name], held.get(pk, set()))
+            for i in range(view.gpu_count):
                 why = unavailable.get(i)
                 health = "unhealthy" if why else "healthy"
                 gpus.append([i, "", "", None, None, None, None, None, health, None, why or ""])
@@ -607,3 +593,17 @@ def _heartbeats(
             )
         )
     return records
+
+
+def _short(view: NodeView, foreign: dict[str, int]) -> bool:
+    """Whether the node offers fewer GPUs or instances than it has (withdrawn, or foreign)."""
+    offers = [view.offer, *(view.gpus.mig if view.gpus is not None else ())]
+    return any(foreign.get(o.resource, 0) or o.allocatable < o.capacity for o in offers)
+
+
+def _unavailable(view: NodeView, foreign: dict[str, int], held: set[int]) -> dict[int, str]:
+    """``{GPU index: why Orrery may not use it}``: whole GPUs, then GPUs in MIG mode."""
+    out = unavailable_gpus(view.offer, foreign_gpus(view.offer, foreign.get(view.offer.resource, 0)), held)
+    if view.gpus is not None and view.gpus.layout:
+        out |= unavailable_mig_gpus(view.gpus, foreign, held)
+    return out

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from clusters.adapters.base import Work
+from clusters.adapters.base import Share, Work
+from clusters.adapters.kubernetes.gpus import GPU, MIG_PREFIX, MIG_STRATEGY_LABEL, RESOURCE_LABEL
 from clusters.adapters.launch import HEAD_NAMES, LAUNCH_NAMES, launch_env, local_world_size
+from clusters.adapters.mig import parse_profile
 
 LABEL_JOB = "orrery.io/job-id"
 LABEL_ATTEMPT = "orrery.io/attempt-id"
@@ -70,6 +72,23 @@ def selector(tag: str) -> str:
     return f"{LABEL_TAG}={tag}"
 
 
+def gpu_request(share: Share, node_labels: Mapping[str, str]) -> str:
+    """The resource a pod asks for its node's share of GPUs by, on a node with these labels (the
+    inventory's). Whole GPUs: the node's GPU resource (``orrery.io/gpu-resource``:
+    ``nvidia.com/gpu``, or ``nvidia.com/gpu.shared`` on a time-sliced node the plugin renamed).
+    MIG instances: ``nvidia.com/mig-<profile>`` (``nvidia.com/gpu`` under GFD's single strategy,
+    where the instances are the node's GPUs). A fraction of a shared GPU: one unit of the node's
+    GPU resource; the fraction itself is Orrery's accounting, kept by the device plugin's
+    time-slicing or MPS only where the node runs them (``docs/clusters/kubernetes.md``).
+    Raises ``ManifestError`` for a profile that is not one."""
+    if not share.mig_profile:
+        return node_labels.get(RESOURCE_LABEL) or GPU
+    profile = parse_profile(share.mig_profile)
+    if profile is None:
+        raise ManifestError(f"not a MIG profile: {share.mig_profile!r}")
+    return GPU if node_labels.get(MIG_STRATEGY_LABEL) == "single" else f"{MIG_PREFIX}{profile.name}"
+
+
 def labels(work: Work, tag: str) -> dict[str, str]:
     return {LABEL_JOB: str(work.job_id), LABEL_ATTEMPT: work.attempt_id, LABEL_TAG: tag, **MANAGED_BY}
 
@@ -80,12 +99,12 @@ def job_manifest(
     *,
     uid: int,
     gid: int,
-    gpu_resource: str = "nvidia.com/gpu",
+    gpu_resource: str = GPU,
     tolerated: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The Job of an attempt, run as ``uid``/``gid`` (never 0), asking for its GPUs as
-    ``gpu_resource`` (a MIG node offers ``nvidia.com/mig-<profile>``; the inventory says which
-    in the node label ``orrery.io/gpu-resource``). Raises ``ManifestError``."""
+    """The Job of an attempt, run as ``uid``/``gid`` (never 0), asking for its GPUs on each node
+    (``Work.gpus_per_node``: GPUs, MIG instances, or one unit of a shared GPU) as
+    ``gpu_resource`` (``gpu_request``). Raises ``ManifestError``."""
     if not work.image:
         raise ManifestError("a Kubernetes cluster runs container images only: this job gives no image")
     if not work.shares:

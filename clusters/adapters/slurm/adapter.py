@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from clusters.adapters.base import Inventory, LogChunk, Phase, RemoteState, Sent, Synced, Work
@@ -30,7 +30,8 @@ from clusters.adapters.slurm.accounts import (
     read_tail,
 )
 from clusters.adapters.slurm.api import SlurmError, decode_exit, job_state, raw_job_state
-from clusters.adapters.slurm.inventory import client_for, collect
+from clusters.adapters.slurm.gres import GresRefused, gres_request, parse_node_gres
+from clusters.adapters.slurm.inventory import GRES_LABEL, GRES_TYPE_LABEL, client_for, collect
 from clusters.adapters.slurm.tags import claim, comment, submitted_job
 from clusters.adapters.tags import cluster_tag
 from clusters.choices import ClusterKind
@@ -84,20 +85,22 @@ class SlurmAdapter:
 
     def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
         """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known. A work with
-        no account it may run as fails at once (``NoAccount``: trying again would not help). Any
-        other failure of one work (a refused ``sbatch``, an undecodable answer) is that work's
-        error, tried again later; the others go on."""
-        gres = _gres_types(cluster, works)
+        no account it may run as (``NoAccount``), or asking for what the cluster cannot give as
+        set up (``GresRefused``: a shared GPU where no shards are configured), fails at once:
+        trying again would not help. Any other failure of one work (a refused ``sbatch``, an
+        undecodable answer) is that work's error, tried again later; the others go on."""
+        labels = _node_labels(cluster, works)
         tag = cluster_tag(cluster)
         for work in works:
             try:
                 account = account_for(work.run_as, cluster.name)
-            except NoAccount as exc:
+                gres = work_gres(work, labels.get(work.nodes[0], {}) if work.shares else {}, cluster.config)
+            except (NoAccount, GresRefused) as exc:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
                 continue
             try:
-                remote_id = submit(cluster, work, account, tag, gres.get(work.nodes[0], ""))
+                remote_id = submit(cluster, work, account, tag, gres)
             except Exception as exc:
                 log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
@@ -193,15 +196,16 @@ def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
     return RemoteState(attempt_id, phase, remote_id)
 
 
-def submit(cluster: Cluster, work: Work, account: Account, tag: str, gres_type: str = "") -> str:
-    """Submit (or find) the Slurm job of an attempt, as ``account``; returns its Slurm job id."""
+def submit(cluster: Cluster, work: Work, account: Account, tag: str, gres: str = "") -> str:
+    """Submit (or find) the Slurm job of an attempt, as ``account``, asking for ``gres`` on each
+    node (``work_gres``); returns its Slurm job id."""
     job_id = submitted(cluster, work.attempt_id, tag)
     if job_id:
         return job_id
     output = output_path(cluster.config, account, work.attempt_id)
     make_output_dir(output.parent, account)
     done = subprocess.run(
-        sbatch_argv(work, gres_type, account=account, output=str(output), tag=tag),
+        sbatch_argv(work, gres, account=account, output=str(output), tag=tag),
         input=batch_script(work),
         capture_output=True,
         text=True,
@@ -228,8 +232,9 @@ def submitted(cluster: Cluster, attempt_id: str, tag: str) -> str:
     return submitted_job(found.stdout, tag) if found.returncode == 0 else ""
 
 
-def sbatch_argv(work: Work, gres_type: str, *, account: Account, output: str, tag: str) -> list[str]:
-    """The ``sbatch`` command line of an attempt (an argv list, never a shell string). The job
+def sbatch_argv(work: Work, gres: str, *, account: Account, output: str, tag: str) -> list[str]:
+    """The ``sbatch`` command line of an attempt (an argv list, never a shell string), asking
+    for ``gres`` on each node (``work_gres``: whole GPUs, MIG instances or shards). The job
     runs as ``account`` (``--uid`` and its primary group; the shared service account submits as
     itself), starts in its home, and inherits nothing of the submitting process's environment
     (``--export=NONE``): its variables are set, quoted, by its batch script (``batch_script``),
@@ -252,12 +257,8 @@ def sbatch_argv(work: Work, gres_type: str, *, account: Account, output: str, ta
     ]
     if not account.shared:
         argv += [f"--uid={account.name}", f"--gid={account.gid}"]
-    if work.gpus_per_node:
-        argv.append(
-            f"--gres=gpu:{gres_type}:{work.gpus_per_node}"
-            if gres_type
-            else f"--gres=gpu:{work.gpus_per_node}"
-        )
+    if gres:
+        argv.append(f"--gres={gres}")
     if work.time_limit_s:
         argv.append(f"--time={max(1, -(-work.time_limit_s // 60))}")
     return argv
@@ -331,11 +332,26 @@ def _cli_env(cluster: Cluster) -> dict[str, str]:
     return env
 
 
-def _gres_types(cluster: Cluster, works: Sequence[Work]) -> dict[str, str]:
-    """The GRES type of each node the works run on (the node label ``slurm.io/gres-type``)."""
+def work_gres(work: Work, labels: Mapping[str, str], config: Mapping[str, Any]) -> str:
+    """What an attempt asks of each of its nodes (``--gres``, "" for nothing), by the head node's
+    labels (its GRES, as the inventory keeps it) and the cluster's settings (pure). A gang's
+    nodes hold alike, so the head's share speaks for each. Raises ``GresRefused``."""
+    if not work.shares:
+        return ""
+    node = parse_node_gres(labels.get(GRES_LABEL, ""))
+    return gres_request(
+        work.shares[0],
+        gpu_type=labels.get(GRES_TYPE_LABEL, ""),
+        node_mig_types={profile: entry.gres_type for profile, entry in node.mig.items()},
+        config=config,
+    )
+
+
+def _node_labels(cluster: Cluster, works: Sequence[Work]) -> dict[str, dict[str, str]]:
+    """The labels of each node the works run on (its GRES, as the inventory keeps them)."""
     names = {n for w in works for n in w.nodes}
-    labels = Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "labels")
-    return {name: (lab or {}).get("slurm.io/gres-type") or "" for name, lab in labels}
+    rows = Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "labels")
+    return {name: labels or {} for name, labels in rows}
 
 
 def _output(cluster: Cluster, work: Work, accounts: dict[str | None, Account | None]) -> LogChunk | None:

@@ -124,6 +124,7 @@ class SlurmNode:
     gpu_type: str | None
     gpus: int
     partitions: tuple[str, ...]
+    gres: str = ""  # as Slurm gives it: read in full by ``gres.parse_node_gres`` (MIG, shards)
 
 
 def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
@@ -141,6 +142,7 @@ def parse_nodes(payload: dict[str, Any]) -> list[SlurmNode]:
                 gpu_type=gpu_type,
                 gpus=gpus,
                 partitions=tuple(n.get("partitions") or ()),
+                gres=n["gres"] if isinstance(n.get("gres"), str) else "",
             )
         )
     return nodes

@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -40,6 +41,23 @@ class Command(BaseCommand):
             help="slurm: where users' output goes, with {home} and {user} (default {home}/.orrery/slurm)",
         )
         parser.add_argument(
+            "--gpu-type", default=None, help="slurm: the catalog's name for GPUs whose GRES names no type"
+        )
+        parser.add_argument(
+            "--shards-per-gpu",
+            type=int,
+            default=None,
+            help="slurm: shards a GPU has (Gres=gpu:N,shard:M: M/N), for jobs asking for a fraction of one",
+        )
+        parser.add_argument(
+            "--mig-gres-type",
+            action="append",
+            default=[],
+            metavar="PROFILE=TYPE",
+            help="slurm: the site's GRES type of a MIG profile (1g.10gb=a100_1g.10gb), when not what "
+            "the nodes report; repeat for more",
+        )
+        parser.add_argument(
             "--kubeconfig", type=Path, help="kubernetes: a kubeconfig file (credentials inline)"
         )
         parser.add_argument("--ca-file", type=Path, help="kubernetes: the API server's CA bundle (PEM)")
@@ -63,17 +81,33 @@ class Command(BaseCommand):
         slurm_conf: str,
         identity: str | None,
         output_dir: str,
+        gpu_type: str | None,
+        shards_per_gpu: int | None,
+        mig_gres_type: list[str],
         **options,
     ) -> None:
         if not url or token_file is None:
             raise CommandError("a Slurm cluster needs --url and --token-file")
         token = _read(token_file)
+        gres: dict[str, Any] = {"gpu_type": gpu_type, "shards_per_gpu": shards_per_gpu}
+        if mig_gres_type:
+            pairs = [item.partition("=") for item in mig_gres_type]
+            if any(not sep for _, sep, _ in pairs):
+                raise CommandError("--mig-gres-type takes PROFILE=TYPE (1g.10gb=a100_1g.10gb)")
+            gres["mig_gres_types"] = {profile: gres_type for profile, _, gres_type in pairs}
         try:
             cluster, collected = onboard_slurm(
-                name, url, token, user=user, slurm_conf=slurm_conf, identity=identity, output_dir=output_dir
+                name,
+                url,
+                token,
+                user=user,
+                slurm_conf=slurm_conf,
+                identity=identity,
+                output_dir=output_dir,
+                gres={k: v for k, v in gres.items() if v is not None},
             )
         except SlurmError as exc:
-            if exc.field == "output_dir":
+            if exc.field in ("output_dir", "gres"):
                 raise CommandError(str(exc)) from exc
             raise CommandError(f"connection test failed: {exc}") from exc
         api = cluster.config["api"]
