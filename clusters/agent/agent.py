@@ -59,6 +59,7 @@ MAX_POST_BYTES = 4 << 20  # output per POST, encoded: the server refuses bodies 
 MAX_RETRY_AFTER_S = 300.0
 CLEAN_EVERY_S = 60.0
 LAYOUT_RETRY_S = 300.0  # a MIG layout the driver refused is not tried again before this
+REDESCRIBE_S = 60.0  # a node told of a layout it has already describes itself again after this
 
 
 class ServerUnavailable(Exception):
@@ -119,6 +120,7 @@ class Agent:
         # A node known already says what it is now: its GPUs or their layouts may have changed
         # while the agent was away.
         self.describe_due = self.credential is not None
+        self.described_at = time.monotonic()
         self.layout_failed: dict[int, tuple[list[str], float]] = {}  # GPU → layout refused, when
         # The lease: see the module's docstring. ``last_ok`` is monotonic; the lease file
         # carries it across restarts as wall-clock time.
@@ -161,7 +163,7 @@ class Agent:
             )
         answer = self._post("register", self._description(), self.join_token)
         self.credential = answer["credential"]
-        self.describe_due = False
+        self.describe_due, self.described_at = False, time.monotonic()
         self.interval = float(answer.get("interval") or self.interval)
         self._set_failover(answer.get("failover_after_s"), fatal=False)
         path = self._credential_file()
@@ -192,7 +194,7 @@ class Agent:
         except ServerUnavailable as exc:
             log.warning("cannot describe the node yet: %s", exc)
             return
-        self.describe_due = False
+        self.describe_due, self.described_at = False, time.monotonic()
 
     # --- the lease -----------------------------------------------------------------------------
     def _load_lease(self) -> None:
@@ -425,7 +427,8 @@ class Agent:
         sent while a GPU's reported layout differs from what an operator wants; ``[]`` is MIG
         off). A GPU that an attempt holds, or is about to, waits for a later round; a change
         the driver refused is not tried again for ``LAYOUT_RETRY_S``. After a change the node
-        describes itself again."""
+        describes itself again, and so it does, every ``REDESCRIBE_S`` at most, while the server
+        asks for a layout a GPU has already (the server kept an instance an allocation held)."""
         if not isinstance(wanted, list):
             return
         held = self.runner.held_gpus() | {
@@ -441,7 +444,9 @@ class Agent:
                 continue
             current = self.gpus.layout(index)
             if (current is None) == (not layout) and mig.same_layout(current or [], layout):
-                continue  # already so (the server has not heard yet)
+                if time.monotonic() - self.described_at > REDESCRIBE_S:
+                    self.describe_due = True  # already so: the server has not taken it in yet
+                continue
             if index in held:
                 continue  # when its attempts have ended
             failed = self.layout_failed.get(index)

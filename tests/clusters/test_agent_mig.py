@@ -473,6 +473,14 @@ def test_a_layout_already_there_changes_nothing(agent):
     assert not agent.describe_due and agent.gpus.layout(1) is None
 
 
+def test_a_server_that_keeps_asking_for_a_layout_the_node_has_is_told_again(agent):
+    """It kept an instance a job held when the layout changed: once the job has ended, the next
+    description (at most a minute later) lets it catch up."""
+    agent.described_at = time.monotonic() - 61
+    agent._apply_layouts([{"gpu": 0, "profiles": ["1g.10gb"] * 7}])
+    assert agent.describe_due and agent.gpus.layout(0) == ["1g.10gb"] * 7
+
+
 def test_a_gpu_an_attempt_holds_or_is_about_to_keeps_its_layout(agent):
     agent._desired_cache = {"a": {"attempt": "a", "gpus": [0], "mig_uuids": ["MIG-x"]}}
     agent._apply_layouts([{"gpu": 0, "profiles": ["7g.80gb"]}, {"gpu": 1, "profiles": ["7g.80gb"]}])
