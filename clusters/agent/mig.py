@@ -2,7 +2,8 @@
 ``nvidia-smi`` commands that make a GPU's layout what an operator wants.
 
 A *profile* is the name NVIDIA gives a MIG instance: compute slices, ``g``, then its memory in
-GB (``1g.10gb``, ``3g.40gb``, ``7g.80gb``), perhaps with a media-engine suffix (``1g.10gb+me``).
+GB (``1g.10gb``, ``3g.40gb``, ``7g.80gb``), perhaps with a suffix for its engines (``1g.10gb+me``,
+``1g.12gb-me``, ``1g.20gb+gfx``); the same grammar as a job's ``gpus: "a100:1g.10gb"``.
 A *layout* is the list of profiles of one GPU's instances; ``[]`` is MIG off. Only instances
 whose one compute instance spans the whole GPU instance are spoken of (what ``-cgi … -C``
 makes), not compute instances cut smaller (``1c.3g.20gb``).
@@ -15,9 +16,9 @@ from __future__ import annotations
 import re
 import uuid
 
-PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]{0,2})gb(?:\+me|\+gfx|-me)?$")
+PROFILE = re.compile(r"^([1-8])g\.([1-9][0-9]{0,3})gb(?:[+-][a-z0-9]{1,8})?$", re.ASCII)
 # The trailing profile of an NVML MIG device name ("NVIDIA A100-SXM4-80GB MIG 1g.10gb").
-NAMED_PROFILE = re.compile(r"([1-8]g\.[1-9][0-9]{0,2}gb(?:\+me|\+gfx|-me)?)\s*$")
+NAMED_PROFILE = re.compile(r"([1-8]g\.[1-9][0-9]{0,3}gb(?:[+-][a-z0-9]{1,8})?)\s*$", re.ASCII)
 # A MIG instance's UUID as CUDA_VISIBLE_DEVICES takes it: "MIG-<uuid>" (or, from drivers
 # before R470, "MIG-GPU-<uuid>/<GPU instance>/<compute instance>"); at most 64 characters.
 MIG_UUID = re.compile(r"^MIG-[A-Za-z0-9/-]{1,60}$")
