@@ -6,8 +6,7 @@
   and the change is logged; it is taken up at the next report after the allocation ends. An
   instance that is gone or changed is deleted, and the released allocations that named it
   forget it (the scheduling app's port ``retire_mig_instances``: what holds an instance is its
-  business). A change of layout is written to the node's history, which is also how the
-  scheduler's cache learns of it.
+  business). A change of layout is written to the node's history (a ``NodeEvent``).
 * ``check_mig_layout`` / ``want_mig_layout`` — an operator's wish for a GPU's layout
   (``GpuDevice.mig_layout_wanted``: a list of profiles, ``[]`` MIG off, None leave it be),
   checked when it is set: NVIDIA's A100 and H100 have 7 compute slices and up to 7 instances,
@@ -17,7 +16,8 @@
 * ``mig_layouts_for_node`` — what a heartbeat's answer tells a node: the wanted layouts of its
   GPUs whose reported layout differs. Only nodes with a wish ask (``NodeIdentity.mig_wanted``),
   and the answer is cached per node like ``desired`` (one indexed query per miss), dropped when
-  the node describes itself or an operator changes a wish.
+  the node describes itself or a wish changes through ``want_mig_layout`` (a console edit is
+  seen within ``LAYOUTS_TTL_S``).
 """
 
 from __future__ import annotations
