@@ -1,10 +1,10 @@
 """What the clusters app needs from the apps above it, as typed ports.
 
 The clusters app owns nodes, heartbeats and the agent protocol, but not jobs: whether a node
-still holds work, which GPUs are allocated, what happens to jobs on a lost node, and what an
-agent should run are the scheduling app's business, which this app must not import. Each is a
-port: a ``Protocol`` here, an implementation registered by the scheduling app at start-up
-(``SchedulingConfig.ready``). Using a port nobody registered is a start-up bug and says so.
+still holds work, which GPUs and MIG instances are allocated, what happens to jobs on a lost
+node, and what an agent should run are the scheduling app's business, which this app must not
+import. Each is a port: a ``Protocol`` here, an implementation registered by the scheduling app
+at start-up (``SchedulingConfig.ready``). Using a port nobody registered is a start-up bug and says so.
 """
 
 from __future__ import annotations
@@ -49,6 +49,14 @@ class HeldGpus(Protocol):
         ...
 
 
+class RetireMigInstances(Protocol):
+    def __call__(self, instance_ids: list[int]) -> set[int]:
+        """Of these MIG instances, about to go because their GPU's layout changed, those an
+        active allocation holds (they must stay as they are); released allocations that name
+        the others forget them, so that they can be deleted (their GPU stays named)."""
+        ...
+
+
 class NodeLostHandler(Protocol):
     def __call__(self, node_ids: list[int]) -> int:
         """Apply the failover policy of the jobs on nodes that just went down."""
@@ -77,6 +85,7 @@ class Ports:
     waiting_demand: WaitingDemand | None = None
     gpu_allocation: GpuAllocation | None = None
     held_gpus: HeldGpus | None = None
+    retire_mig_instances: RetireMigInstances | None = None
     node_lost: NodeLostHandler | None = None
     agent_desired: AgentDesired | None = None
     agent_reports: AgentReports | None = None
@@ -120,6 +129,10 @@ def gpu_allocation() -> GpuAllocation:
 
 def held_gpus() -> HeldGpus:
     return port("held_gpus")
+
+
+def retire_mig_instances() -> RetireMigInstances:
+    return port("retire_mig_instances")
 
 
 def node_lost() -> NodeLostHandler:

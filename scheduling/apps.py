@@ -17,6 +17,7 @@ class SchedulingConfig(AppConfig):
             last_release_times,
             waiting_gpu_demand,
         )
+        from scheduling.services.allocations import retire_mig_instances
         from scheduling.services.failover import handle_node_lost
 
         active_profile()
@@ -26,6 +27,7 @@ class SchedulingConfig(AppConfig):
             waiting_demand=waiting_gpu_demand,
             gpu_allocation=allocated_gpu_counts,
             held_gpus=held_gpu_indices,
+            retire_mig_instances=retire_mig_instances,
             node_lost=handle_node_lost,
             agent_desired=desired_for_node,
             agent_reports=apply_reports,

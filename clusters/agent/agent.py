@@ -18,6 +18,11 @@ server's answer decides: what it no longer wants is stopped, the rest is reporte
 
 **Flow control.** A 429 or 503 answer with ``Retry-After`` is honoured (plus up to half again,
 at random, so that a fleet does not come back in step); it does not renew the lease.
+
+**What the node is.** The agent describes its machine (CPU, memory, GPUs and their MIG
+instances) when it registers, again after a start with a credential it already holds, and after
+it changed a GPU's MIG layout (``mig_layouts`` in the server's answer: applied only to a GPU no
+attempt holds or is about to).
 """
 
 from __future__ import annotations
@@ -34,9 +39,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from clusters.agent import mig
 from clusters.agent.cgroups import Cgroups
 from clusters.agent.runner import ENDED_STATES, Refused, Runner
-from clusters.agent.telemetry import CpuMeter, Gpus, boot_id, cpu_count_millicores, memory_bytes
+from clusters.agent.telemetry import (
+    FAKE_POWER_W,
+    CpuMeter,
+    Gpus,
+    boot_id,
+    cpu_count_millicores,
+    memory_bytes,
+    node_power_w,
+)
 
 log = logging.getLogger("orrery.agent")
 VERSION = "0.1.0"
@@ -44,6 +58,8 @@ MAX_REPORTS_PER_POST = 1000  # what the server takes at once
 MAX_POST_BYTES = 4 << 20  # output per POST, encoded: the server refuses bodies over 8 MiB
 MAX_RETRY_AFTER_S = 300.0
 CLEAN_EVERY_S = 60.0
+LAYOUT_RETRY_S = 300.0  # a MIG layout the driver refused is not tried again before this
+REDESCRIBE_S = 60.0  # a node told of a layout it has already describes itself again after this
 
 
 class ServerUnavailable(Exception):
@@ -59,6 +75,8 @@ class Agent:
         join_token: str | None = None,
         name: str | None = None,
         fake_gpus: str | None = None,
+        fake_mig: dict[int, list[str]] | None = None,
+        fake_power: tuple[float, float] = FAKE_POWER_W,
         labels: dict[str, str] | None = None,
         address: str | None = None,
         grace: float = 10.0,
@@ -74,7 +92,7 @@ class Agent:
         self.work.mkdir(parents=True, exist_ok=True)
         self.join_token = join_token
         self.name = name or socket.gethostname()
-        self.gpus = Gpus(fake_gpus, self.name)
+        self.gpus = Gpus(fake_gpus, self.name, fake_mig=fake_mig, fake_power=fake_power)
         self.labels = dict(labels or {})
         self.labels.setdefault("orrery.io/address", address or _my_address())
         cgroups, why = Cgroups.detect(self.name) if use_cgroups else (None, "turned off")
@@ -99,6 +117,11 @@ class Agent:
         self.grace = grace
         self.retention = retention
         self.credential = self._load_credential()
+        # A node known already says what it is now: its GPUs or their layouts may have changed
+        # while the agent was away.
+        self.describe_due = self.credential is not None
+        self.described_at = time.monotonic()
+        self.layout_failed: dict[int, tuple[list[str], float]] = {}  # GPU → layout refused, when
         # The lease: see the module's docstring. ``last_ok`` is monotonic; the lease file
         # carries it across restarts as wall-clock time.
         self.lease_option = lease
@@ -138,8 +161,20 @@ class Agent:
                 "no node credential in the work directory and no join token to get one "
                 "(--join-token-file or ORRERY_JOIN_TOKEN)"
             )
+        answer = self._post("register", self._description(), self.join_token)
+        self.credential = answer["credential"]
+        self.describe_due, self.described_at = False, time.monotonic()
+        self.interval = float(answer.get("interval") or self.interval)
+        self._set_failover(answer.get("failover_after_s"), fatal=False)
+        path = self._credential_file()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"server": self.server, "node": self.name, "credential": self.credential}, handle)
+        log.info("registered as %s in cluster %s", answer["node"], answer["cluster"])
+
+    def _description(self) -> dict[str, Any]:
         total, _ = memory_bytes()
-        body = {
+        return {
             "name": self.name,
             "cpu_millicores": cpu_count_millicores(),
             "memory_bytes": total,
@@ -148,15 +183,18 @@ class Agent:
             "labels": self.labels,
             "gpus": self.gpus.describe(),
         }
-        answer = self._post("register", body, self.join_token)
-        self.credential = answer["credential"]
-        self.interval = float(answer.get("interval") or self.interval)
-        self._set_failover(answer.get("failover_after_s"), fatal=False)
-        path = self._credential_file()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"server": self.server, "node": self.name, "credential": self.credential}, handle)
-        log.info("registered as %s in cluster %s", answer["node"], answer["cluster"])
+
+    def _describe(self) -> None:
+        """Tell the server what this node is now, with its credential (see the module); tried
+        again next round when the server does not answer."""
+        if self.credential is None or not self._ready():
+            return
+        try:
+            self._post("describe", self._description(), self.credential)
+        except ServerUnavailable as exc:
+            log.warning("cannot describe the node yet: %s", exc)
+            return
+        self.describe_due, self.described_at = False, time.monotonic()
 
     # --- the lease -----------------------------------------------------------------------------
     def _load_lease(self) -> None:
@@ -272,6 +310,10 @@ class Agent:
             "reconciling",
             lambda: self._reconcile(answer.get("desired") or [], set(answer.get("stop") or [])),
         )
+        if answer.get("mig_layouts"):
+            self._safely("changing MIG layouts", lambda: self._apply_layouts(answer["mig_layouts"]))
+        if self.describe_due:
+            self._safely("describing the node", self._describe)
         self._safely("watching the attempts", self._spool_ends)
         self._safely("delivering", lambda: self._deliver(budget))
         if time.monotonic() - self.cleaned_at > min(CLEAN_EVERY_S, self.retention):
@@ -319,6 +361,8 @@ class Agent:
             if self._desired_cache
             else set()
         )
+        gpus = self.gpus.telemetry(busy)
+        power = node_power_w(gpus)
         return {
             "node": self.name,
             "boot_id": self.boot,
@@ -327,9 +371,9 @@ class Agent:
             "cpu": self.cpu.busy(),
             "memory": used,
             "agent_version": VERSION,
-            "gpus": self.gpus.telemetry(busy),
+            "gpus": gpus,
             "running": self.runner.running_ids(),
-        }
+        } | ({"power_w": power} if power is not None else {})
 
     _desired_cache: dict[str, dict[str, Any]] = {}
 
@@ -356,6 +400,7 @@ class Agent:
                 self._spool([{"attempt": attempt_id, "state": "preempted", "reason": "before it started"}])
                 continue
             try:
+                self._check_instances(entry)
                 self.runner.start(entry)
             except (Refused, OSError) as exc:
                 log.warning("refused %s (job %s): %s", attempt_id, entry["job"], exc)
@@ -365,6 +410,57 @@ class Agent:
                 continue
             log.info("started %s (job %s) on GPUs %s", attempt_id, entry["job"], entry.get("gpus"))
             self._spool([{"attempt": attempt_id, "state": "running", "node_rank": entry.get("node_rank", 0)}])
+
+    def _check_instances(self, entry: dict[str, Any]) -> None:
+        """Refuse an attempt placed on MIG instances this node does not have (any more: a layout
+        changed just before it was placed): CUDA would find no GPU at all."""
+        wanted = entry.get("mig_uuids") or []
+        if not wanted:
+            return
+        present = {m["uuid"] for g in self.gpus.describe() for m in g.get("mig") or []}
+        if missing := [u for u in wanted if u not in present]:
+            raise Refused(f"no MIG instance {str(missing[0])[:64]} on this node")
+
+    # --- MIG layouts --------------------------------------------------------------------------
+    def _apply_layouts(self, wanted: Any) -> None:
+        """Give GPUs the MIG layouts the server asks for (``[{"gpu": index, "profiles": […]}]``,
+        sent while a GPU's reported layout differs from what an operator wants; ``[]`` is MIG
+        off). A GPU that an attempt holds, or is about to, waits for a later round; a change
+        the driver refused is not tried again for ``LAYOUT_RETRY_S``. After a change the node
+        describes itself again, and so it does, every ``REDESCRIBE_S`` at most, while the server
+        asks for a layout a GPU has already (the server kept an instance an allocation held)."""
+        if not isinstance(wanted, list):
+            return
+        held = self.runner.held_gpus() | {
+            g for entry in self._desired_cache.values() for g in entry.get("gpus") or []
+        }
+        for item in wanted[:64]:
+            try:
+                index, layout = item["gpu"], mig.check_layout(item["profiles"])
+                if isinstance(index, bool) or not isinstance(index, int):
+                    raise TypeError("the GPU is not an index")
+            except (KeyError, TypeError, mig.LayoutError) as exc:
+                log.warning("ignored a MIG layout the server asked for: %s", exc)
+                continue
+            current = self.gpus.layout(index)
+            if (current is None) == (not layout) and mig.same_layout(current or [], layout):
+                if time.monotonic() - self.described_at > REDESCRIBE_S:
+                    self.describe_due = True  # already so: the server has not taken it in yet
+                continue
+            if index in held:
+                continue  # when its attempts have ended
+            failed = self.layout_failed.get(index)
+            if failed and failed[0] == layout and time.monotonic() - failed[1] < LAYOUT_RETRY_S:
+                continue
+            try:
+                self.gpus.reconfigure(index, layout)
+            except (OSError, LookupError, mig.LayoutError) as exc:
+                self.layout_failed[index] = (layout, time.monotonic())
+                log.error("GPU %s: cannot change its MIG layout to %s: %s", index, layout or "off", exc)
+                continue
+            self.layout_failed.pop(index, None)
+            log.info("GPU %d: MIG layout now %s", index, ",".join(layout) or "off")
+            self.describe_due = True
 
     # --- reports, with a spool that survives outages ------------------------------------------
     def _load_spool(self) -> None:

@@ -37,6 +37,7 @@ import codecs
 import contextlib
 import json
 import logging
+import math
 import os
 import pwd
 import re
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusters.agent import mig
 from clusters.agent.cgroups import Cgroups, Group
 
 log = logging.getLogger("orrery.agent")
@@ -91,6 +93,7 @@ class Attempt:
     killed: bool = False  # SIGKILLed at the end of its grace
     group: Group | None = None
     container: str = ""  # the podman container's name, for an image attempt
+    gpus: tuple[int, ...] = ()  # the indices of the GPUs it holds (parents of its MIG instances)
 
 
 class Runner:
@@ -151,6 +154,7 @@ class Runner:
                 info.get("time_limit"),
                 group=self.cgroups.group(directory.name) if self.cgroups and info.get("cgroup") else None,
                 container=info.get("container", ""),
+                gpus=tuple(int(g) for g in info.get("gpus") or ()),
             )
             self._resume_stop(attempt)
             self.attempts[directory.name] = attempt
@@ -309,6 +313,7 @@ class Runner:
             popen,
             group=group,
             container=container,
+            gpus=tuple(int(g) for g in entry.get("gpus") or ()),
         )
         (state / "meta.json").write_text(
             json.dumps(
@@ -319,6 +324,7 @@ class Runner:
                     "user": account.name,
                     "cgroup": group is not None,
                     "container": container,
+                    "gpus": list(attempt.gpus),
                 }
             )
         )
@@ -328,6 +334,7 @@ class Runner:
     def _environment(self, entry: dict[str, Any], account: Account) -> dict[str, str]:
         """The whole environment of the job: nothing of the agent's."""
         gpus = list(entry.get("gpus") or [])
+        share = share_environment(entry)
         env = {
             "PATH": SAFE_PATH,
             "HOME": account.home,
@@ -335,6 +342,7 @@ class Runner:
             "LOGNAME": account.name,
             **{str(k): str(v) for k, v in (entry.get("env") or {}).items()},
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus),
+            **share,  # a MIG instance's or a shared GPU's: after the job's, which cannot change them
             "ORRERY_JOB_ID": str(entry["job"]),
             "ORRERY_ATTEMPT": str(entry.get("number", 1)),
             "ORRERY_ATTEMPT_ID": entry["attempt"],
@@ -402,7 +410,8 @@ class Runner:
         if entry.get("cpu_millicores"):
             argv.append(f"--cpus={int(entry['cpu_millicores']) / 1000:g}")
         if self.real_gpus:  # through the NVIDIA Container Toolkit's CDI specification
-            argv += [f"--device=nvidia.com/gpu={i}" for i in entry.get("gpus") or []]
+            devices = entry.get("mig_uuids") or list(dict.fromkeys(entry.get("gpus") or []))
+            argv += [f"--device=nvidia.com/gpu={d}" for d in devices]
         argv.append(str(entry["image"]))
         if entry.get("script"):
             argv += ["/bin/sh", f"{job}/.orrery-script"]
@@ -438,6 +447,10 @@ class Runner:
 
     def running_ids(self) -> list[str]:
         return list(self.attempts)
+
+    def held_gpus(self) -> set[int]:
+        """The indices of the GPUs that attempts still running (or stopping) hold."""
+        return {g for attempt in self.attempts.values() for g in attempt.gpus}
 
     # --- watching -------------------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
@@ -669,6 +682,50 @@ def _chunk(directory: Path, offset: int, data: bytes) -> dict[str, Any]:
 
 
 codecs.register_error("orrery-bytes", lambda error: ("?" * (error.end - error.start), error.end))
+
+
+def share_environment(entry: dict[str, Any]) -> dict[str, str]:
+    """What a desired entry smaller than whole GPUs adds to the job's environment (nothing for
+    whole GPUs); ``Refused`` for a share that makes no sense.
+
+    * MIG instances (``mig_uuids``): ``CUDA_VISIBLE_DEVICES`` names them by UUID, and
+      ``ORRERY_MIG_PROFILE`` says which profile they are.
+    * A fraction of a shared GPU (``gpu_memory_mb`` > 0, ``gpu_share``): the GPU's index, and the
+      limits an MPS client keeps to — ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the share in percent,
+      rounded up, at least 1) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``<index>=<MiB>M``) — and
+      ``ORRERY_GPU_MEMORY_MB``. They bind only where the node runs an MPS control daemon
+      (docs/agent.md, *Fractions of a GPU*)."""
+    uuids = entry.get("mig_uuids") or []
+    memory = entry.get("gpu_memory_mb") or 0
+    gpus = list(entry.get("gpus") or [])
+    if uuids:
+        if not isinstance(uuids, list) or not all(
+            isinstance(u, str) and mig.MIG_UUID.fullmatch(u) for u in uuids
+        ):
+            raise Refused("the MIG instances it was given are not MIG UUIDs")
+        return {
+            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+            "ORRERY_MIG_PROFILE": str(entry.get("mig_profile") or ""),
+        }
+    if not memory:
+        return {}
+    share = entry.get("gpu_share") or 0
+    if (
+        isinstance(memory, bool)
+        or not isinstance(memory, int)
+        or memory < 0
+        or isinstance(share, bool)
+        or not isinstance(share, int | float)
+        or not 0 <= share <= 1
+        or len(gpus) != 1
+    ):
+        raise Refused("a fraction of a GPU needs one GPU, its memory in MiB and a share between 0 and 1")
+    return {
+        "CUDA_VISIBLE_DEVICES": str(gpus[0]),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(math.ceil(round(share * 100, 6)), 1)),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{gpus[0]}={memory}M",
+        "ORRERY_GPU_MEMORY_MB": str(memory),
+    }
 
 
 def _exports(env: dict[str, str]) -> str:

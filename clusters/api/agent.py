@@ -1,5 +1,5 @@
-"""The agent protocol: register, inventory, heartbeat, report (plain Django views: this is the
-hot path, so no serializer per record and no database write per report).
+"""The agent protocol: register, describe, inventory, heartbeat, report (plain Django views: this
+is the hot path, so no serializer per record and no database write per report).
 
 Every error is JSON ``{"detail", "errors": [{"path", "message"}]}``: 400 for a malformed
 payload, 401 for a missing or refused credential, 403 for a report about a node or cluster
@@ -26,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from clusters import ports
+from clusters.agent import mig
 from clusters.choices import ClusterKind
 from clusters.ingest.buffer import BufferUnavailable, get_buffer
 from clusters.ingest.flow import in_flight, retry_after
@@ -44,6 +45,7 @@ from clusters.services.credentials import (
     register_node,
     upsert_node,
 )
+from clusters.services.mig import MigDescription, mig_layouts_for_node
 
 MAX_NODES_PER_REPORT = 5000
 MAX_LOG_OFFSET = 1 << 40  # a job's output stream beyond a terabyte is not output
@@ -143,7 +145,7 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
     gpus_raw = data.get("gpus") or []
     if not isinstance(gpus_raw, list) or len(gpus_raw) > 64:
         raise ReportError(f"{p}gpus", "must be a list of at most 64 GPUs")
-    gpus, seen = [], set()
+    gpus, seen, uuids = [], set(), set()
     for i, gpu in enumerate(gpus_raw):
         g = f"{p}gpus[{i}]"
         if not isinstance(gpu, dict):
@@ -164,6 +166,7 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
                 uuid=str(gpu.get("uuid") or "")[:64].replace("\x00", ""),
                 memory_mb=_count(gpu.get("memory_total_mb") or 0, f"{g}.memory_total_mb", 10**7),
                 topology_group=str(gpu.get("topology_group") or "")[:63].replace("\x00", ""),
+                mig=None if gpu.get("mig") is None else _mig_instances(gpu["mig"], f"{g}.mig", uuids),
             )
         )
     labels = data.get("labels") or {}
@@ -195,6 +198,42 @@ def parse_node_description(data: Any, path: str = "") -> NodeDescription:
     )
 
 
+def _mig_instances(data: Any, path: str, uuids: set[str]) -> tuple[MigDescription, ...]:
+    """A GPU's MIG instances (``[{"slot", "profile", "uuid", "memory_mb", "slices"}]``): at most
+    ``MAX_INSTANCES``, each slot once, each UUID once on the node, slices as the profile says
+    and at most ``MAX_SLICES`` in all; ``ReportError`` names the first bad field."""
+    if not isinstance(data, list) or len(data) > mig.MAX_INSTANCES:
+        raise ReportError(path, f"must be a list of at most {mig.MAX_INSTANCES} MIG instances")
+    found, slots = [], set()
+    for k, item in enumerate(data):
+        m = f"{path}[{k}]"
+        if not isinstance(item, dict):
+            raise ReportError(m, "must be an object")
+        slot = _count(item.get("slot", k), f"{m}.slot", mig.MAX_INSTANCES - 1)
+        if slot in slots:
+            raise ReportError(f"{m}.slot", f"slot {slot} appears twice")
+        slots.add(slot)
+        profile = item.get("profile")
+        if not isinstance(profile, str) or not mig.PROFILE.fullmatch(profile):
+            raise ReportError(f"{m}.profile", "must be a MIG profile such as 1g.10gb or 3g.40gb+me")
+        uuid = item.get("uuid")
+        if not isinstance(uuid, str) or not mig.MIG_UUID.fullmatch(uuid):
+            raise ReportError(
+                f"{m}.uuid", "must be a MIG UUID ('MIG-' and at most 60 letters, digits, '-', '/')"
+            )
+        if uuid in uuids:
+            raise ReportError(f"{m}.uuid", "appears twice on this node")
+        uuids.add(uuid)
+        slices = _count(item.get("slices", mig.slices(profile)), f"{m}.slices", mig.MAX_SLICES)
+        if slices != mig.slices(profile):
+            raise ReportError(f"{m}.slices", f"must be {mig.slices(profile)}, as its profile {profile} says")
+        memory = _count(item.get("memory_mb"), f"{m}.memory_mb", 10**7)
+        found.append(MigDescription(slot, profile, uuid, memory, slices))
+    if sum(i.slices for i in found) > mig.MAX_SLICES:
+        raise ReportError(path, f"more than {mig.MAX_SLICES} compute slices in all")
+    return tuple(found)
+
+
 def register(body: Any, bearer: str) -> Answer:
     """``POST agent/register`` with a join token: the node's per-node credential (shown once).
     A name already registered needs its current credential in ``credential`` (409 otherwise)."""
@@ -212,6 +251,18 @@ def register(body: Any, bearer: str) -> Answer:
             "failover_after_s": settings.NODE_FAILOVER_AFTER,
         },
     )
+
+
+def describe(body: Any, bearer: str) -> Answer:
+    """``POST agent/describe`` with a node credential: the node says what it is now (as when it
+    registered: its CPU, memory, labels, GPUs and their MIG instances), after a restart or a
+    change of MIG layout. Its liveness goes on as it was."""
+    identity = authenticate_node(bearer)
+    description = parse_node_description(body)
+    if description.name != identity.node_name:
+        return _error(403, f"This credential speaks for node '{identity.node_name}' only.")
+    node = upsert_node(Cluster.objects.get(pk=identity.cluster_id), description)
+    return 200, {"node": node.name, "gpus": len(description.gpus)}
 
 
 def inventory(body: Any, bearer: str) -> Answer:
@@ -233,8 +284,9 @@ def inventory(body: Any, bearer: str) -> Answer:
 def heartbeat(body: Any, bearer: str) -> Answer:
     """``POST agent/heartbeat`` with a node credential: one node's report. The reply says what
     the node should run (``desired``; an entry with ``stop`` is to be stopped with its signal
-    and grace period, never started), what it runs and should stop (``stop``), and how often
-    to report."""
+    and grace period, never started), what it runs and should stop (``stop``), how often to
+    report, and — only while an operator wants a MIG layout that some GPU of the node does not
+    have — ``mig_layouts`` (``clusters.services.mig``)."""
     identity = authenticate_node(bearer)
     name = node_name(body, "")
     if name != identity.node_name:
@@ -251,7 +303,7 @@ def heartbeat(body: Any, bearer: str) -> Answer:
     # An attempt being stopped (a preemption: ``stop`` in its entry) is listed to stop as well:
     # an agent that predates ``stop`` stops it the way it stops a cancelled one (its own grace).
     wanted = {d["attempt"] for d in desired if "stop" not in d}
-    return 200, {
+    answer = {
         "accepted": bool(accepted),
         "interval": settings.ORRERY_HEARTBEAT_INTERVAL,
         # the node's agent stops its attempts before this much silence (its lease)
@@ -259,6 +311,11 @@ def heartbeat(body: Any, bearer: str) -> Answer:
         "desired": desired,
         "stop": [a for a in record["r"] if a not in wanted],
     }
+    # Only a node with a wish pays for it (one cache read; the wish is known from its identity).
+    native = identity.cluster_kind == ClusterKind.NATIVE
+    if identity.mig_wanted and native and (layouts := mig_layouts_for_node(identity.node_id)):
+        answer["mig_layouts"] = layouts
+    return 200, answer
 
 
 def _desired(identity: NodeIdentity) -> list[dict[str, Any]]:
@@ -422,6 +479,7 @@ _node_ids = _NodeIdsByName()
 
 ENDPOINTS: dict[str, Callable[[Any, str], Answer]] = {
     "register": register,
+    "describe": describe,
     "nodes": inventory,
     "heartbeat": heartbeat,
     "report": report,

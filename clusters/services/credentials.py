@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from clusters.choices import GpuHealth, NodeState
@@ -29,6 +29,7 @@ from clusters.models import (
     NodeCredential,
     NodeLastSeen,
 )
+from clusters.services.mig import MigDescription, sync_mig_instances
 from clusters.services.nodes import set_node_state
 from foundation import audit
 from foundation.choices import AuditAction
@@ -49,10 +50,15 @@ class NodeTaken(Exception):
 
 @dataclass(frozen=True)
 class NodeIdentity:
+    """Who a node credential speaks for. ``mig_wanted``: some GPU of the node has a MIG layout an
+    operator asked for (then its heartbeat's answer reads them: ``clusters.services.mig``); as
+    cached with the identity, so a new wish reaches a node within ``CACHE_TTL_S``."""
+
     node_id: int
     node_name: str
     cluster_id: int
     cluster_kind: str = ""
+    mig_wanted: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,11 +171,15 @@ _AUDIT_KIND = {
 
 @dataclass(frozen=True)
 class GpuDescription:
+    """One GPU as its node reports it; ``mig``: its instances when it is in MIG mode (None: it
+    is not)."""
+
     index: int
     model: GpuModel
     uuid: str = ""
     memory_mb: int = 0
     topology_group: str = ""
+    mig: tuple[MigDescription, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -204,10 +214,14 @@ def join_cluster(plaintext: str) -> Cluster:
     return token.cluster
 
 
+_REPORTED_GPU_FIELDS = ["model", "uuid", "memory_mb", "topology_group"]
+
+
 @transaction.atomic
 def upsert_node(cluster: Cluster, description: NodeDescription) -> Node:
     """Create the node, or refresh what it says about itself if it exists (same name in the
-    cluster). Its GPUs are made to match the description. A new node is ``not_ready`` until its
+    cluster). Its GPUs are made to match the description, and so are their MIG instances (but
+    not those active allocations hold: ``sync_mig_instances``). A new node is ``not_ready`` until its
     first valid heartbeat and NODE_RECOVERY seconds of them on time (the aggregation pass starts
     its liveness row); an operator state (drained, cordoned…) is kept."""
     node, _ = Node.objects.select_for_update().get_or_create(
@@ -225,12 +239,20 @@ def upsert_node(cluster: Cluster, description: NodeDescription) -> Node:
     existing = {g.index: g for g in GpuDevice.objects.filter(node=node)}
     wanted = {g.index for g in description.gpus}
     GpuDevice.objects.filter(node=node).exclude(index__in=wanted).delete()
+    devices = {}
     for gpu in description.gpus:
         device = existing.get(gpu.index) or GpuDevice(node=node, index=gpu.index, health=GpuHealth.HEALTHY)
         device.model, device.uuid = gpu.model, gpu.uuid
         device.memory_mb = gpu.memory_mb or gpu.model.memory_mb
         device.topology_group = gpu.topology_group
-        device.save()
+        # Only what the node says: an operator's fields (shareable, the MIG layout wanted) may
+        # change meanwhile, and stay as the operator left them.
+        device.save(update_fields=_REPORTED_GPU_FIELDS if device.pk else None)
+        devices[gpu.index] = device
+    # MIG mode and instances are read only where MIG is or was: a node of plain GPUs costs no
+    # query more.
+    if any(g.mig is not None for g in description.gpus) or any(g.mig_enabled for g in existing.values()):
+        sync_mig_instances(node, devices, {g.index: g.mig for g in description.gpus})
     return node
 
 
@@ -275,12 +297,13 @@ def allow_reregistration(node: Node, *, actor: Any = None) -> int:
 
 
 def authenticate_node(plaintext: str) -> NodeIdentity:
+    wishes = GpuDevice.objects.filter(node_id=OuterRef("node_id"), mig_layout_wanted__isnull=False)
     return _identity(
         plaintext,
         NodeIdentity,
-        NodeCredential.objects.filter(revoked_at__isnull=True).values_list(
-            "node_id", "node__name", "node__cluster_id", "node__cluster__kind"
-        ),
+        NodeCredential.objects.filter(revoked_at__isnull=True)
+        .annotate(mig_wanted=Exists(wishes))
+        .values_list("node_id", "node__name", "node__cluster_id", "node__cluster__kind", "mig_wanted"),
     )
 
 

@@ -3,7 +3,8 @@ reports mean. The agent API (``clusters/api/agent.py``) reaches both through the
 scheduling app registers at start-up (``clusters.ports``).
 
 * ``desired_for_node(node_id)`` — the attempts the node should be running now, with everything
-  the agent needs to start them. Cached per node and dropped whenever an attempt on the node
+  the agent needs to start them (on MIG instances: their profile and UUIDs; on a shared GPU:
+  its memory and share). Cached per node and dropped whenever an attempt on the node
   changes, so a heartbeat costs one cache read. An attempt of a preempted job stays listed,
   with ``stop: {signal, grace_s}``: the agent sends that signal to all its processes and kills
   them ``grace_s`` seconds later (one not started yet is never started), and reports it
@@ -20,7 +21,7 @@ from typing import Any
 
 from django.core.cache import cache
 
-from clusters.adapters.base import LogChunk, Phase, RemoteState
+from clusters.adapters.base import LogChunk, Phase, RemoteState, Share
 from clusters.adapters.launch import launch_env
 from clusters.models import Node
 from foundation.sealing import seal, unseal
@@ -76,6 +77,7 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
         head = work.shares[0]
         head_addr = (heads.get(head.node_id) or {}).get("orrery.io/address") or head.node
         rank = ranks.index(node_id)
+        share = work.shares[rank]
         desired.append(
             {
                 "attempt": work.attempt_id,
@@ -91,7 +93,7 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
                 "image": work.image,
                 "cpu_millicores": work.cpu_millicores,
                 "memory_bytes": work.memory_bytes,
-                "gpus": list(work.shares[ranks.index(node_id)].gpu_indices),
+                "gpus": list(share.gpu_indices),
                 "time_limit_s": work.time_limit_s,
                 "nnodes": len(ranks),
                 "node_rank": rank,
@@ -106,9 +108,21 @@ def _desired(node_id: int) -> list[dict[str, Any]]:
                     head_addr=head_addr,
                 ),
             }
+            | _fraction(share)
             | ({"stop": {"signal": work.stop.signal, "grace_s": work.stop.grace_s}} if work.stop else {})
         )
     return desired
+
+
+def _fraction(share: Share) -> dict[str, Any]:
+    """What a share smaller than whole GPUs adds to a desired entry: the MIG instances' profile
+    and UUIDs (``gpus`` then lists their parent GPUs, one entry each), or the memory and share of
+    the shared GPU ``gpus[0]``; nothing for whole GPUs."""
+    if share.mig_uuids:
+        return {"mig_profile": share.mig_profile, "mig_uuids": list(share.mig_uuids)}
+    if share.gpu_memory_mb:
+        return {"gpu_memory_mb": share.gpu_memory_mb, "gpu_share": share.gpu_share}
+    return {}
 
 
 def apply_reports(node_id: int, reports: list[dict[str, Any]], logs: list[dict[str, Any]]) -> dict[str, Any]:

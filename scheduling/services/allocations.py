@@ -77,3 +77,21 @@ def bind_job(
         job.pk, JobState.SCHEDULED, actor=actor, message=f"placed on {nodes}", only_from=[JobState.PENDING]
     )
     return attempt
+
+
+def retire_mig_instances(instance_ids: list[int]) -> set[int]:
+    """The ``retire_mig_instances`` port: of these MIG instances, whose GPU's layout changed, those
+    an active allocation holds — they stay — and the released allocations naming the others
+    forget them, so the instances can be deleted (``Allocation.mig_instance`` protects them).
+    Such a history row keeps its parent GPU, and its job its ``gpu_slice``."""
+    if not instance_ids:
+        return set()
+    held = set(
+        Allocation.objects.filter(mig_instance_id__in=instance_ids, active=True).values_list(
+            "mig_instance_id", flat=True
+        )
+    )
+    Allocation.objects.filter(
+        mig_instance_id__in=[i for i in instance_ids if i not in held], active=False
+    ).update(mig_instance=None)
+    return held
