@@ -10,6 +10,7 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Count, Max, QuerySet
 
+from clusters.agent.mig import same_layout
 from clusters.choices import ClusterKind
 from clusters.models import (
     Cluster,
@@ -85,6 +86,25 @@ def shareable_memory_mb(gpu_model_id: int) -> int:
         )
         cache.set(key, largest, _CAPACITY_TTL_S)
     return largest
+
+
+def reconfiguring_gpus(node_ids: Iterable[int] | None = None) -> set[tuple[int, int]]:
+    """(node id, GPU index) of the GPUs (of these nodes, or all) whose MIG layout an operator
+    changed and whose node has not yet reported it: the scheduler keeps them out of placement,
+    so they go idle and the agent can apply the change. One query, on GPUs with a wish only."""
+    wished = GpuDevice.objects.filter(mig_layout_wanted__isnull=False)
+    if node_ids is not None:
+        wished = wished.filter(node_id__in=list(node_ids))
+    gpus: dict[tuple[int, int], tuple[Any, bool, list[str]]] = {}
+    for node_id, index, wanted, enabled, profile in wished.values_list(
+        "node_id", "index", "mig_layout_wanted", "mig_enabled", "mig_instances__profile"
+    ):
+        gpus.setdefault((node_id, index), (wanted, enabled, []))[2].extend([profile] if profile else [])
+    return {
+        key
+        for key, (wanted, enabled, profiles) in gpus.items()
+        if isinstance(wanted, list) and (enabled != bool(wanted) or not same_layout(profiles, wanted))
+    }
 
 
 def simulated_fleet() -> dict[str, list[tuple[str, str, int]]]:

@@ -124,11 +124,16 @@ def sync_mig_instances(
 def _create(node: Node, new: list[MigInstance]) -> None:
     """Create the new rows, but none whose UUID another instance has (a node reporting what is
     not its own): that one is left out and logged, and the rest of the report stands."""
-    taken = set(MigInstance.objects.filter(uuid__in=[row.uuid for row in new]).values_list("uuid", flat=True))
+    # Instances a collector reports have no UUID (Slurm, Kubernetes): "" is nobody's.
+    taken = set(
+        MigInstance.objects.filter(uuid__in=[row.uuid for row in new if row.uuid]).values_list(
+            "uuid", flat=True
+        )
+    )
     for row in new:
-        if row.uuid in taken:
+        if row.uuid and row.uuid in taken:
             log.warning("%s reports MIG instance %s, which is another GPU's: left out", node.name, row.uuid)
-    MigInstance.objects.bulk_create([row for row in new if row.uuid not in taken])
+    MigInstance.objects.bulk_create([row for row in new if not row.uuid or row.uuid not in taken])
 
 
 def check_mig_layout(value: Any) -> list[str] | None:

@@ -31,6 +31,7 @@ from django.db.models import Max, Q, QuerySet
 
 from clusters.choices import ClusterState, GpuHealth, NodeState
 from clusters.models import Cluster, GpuDevice, GpuModel, MigInstance, Node, NodeEvent
+from clusters.selectors import reconfiguring_gpus
 from scheduling.choices import JobState
 from scheduling.engine.framework import (
     ANY_MODEL,
@@ -495,7 +496,8 @@ class SchedulerCache:
         """Healthy GPUs of these nodes, from the database: a GPU turning unhealthy leaves the free
         mask (if it is held, it stays held until its job ends); one turning healthy joins it.
         A GPU in MIG mode is never whole-free: its health reaches its instances; a shareable
-        one's reaches its fractions."""
+        one's reaches its fractions. A GPU whose MIG layout an operator changed counts as
+        unhealthy until its node reports the new layout (``reconfiguring_gpus``)."""
         snap = self.snap
         assert snap is not None
         healthy: dict[int, set[int]] = {snap.row_of[n]: set() for n in node_ids if n in snap.row_of}
@@ -507,6 +509,10 @@ class SchedulerCache:
             if row is None or index >= 64:
                 continue
             (healthy if health == GpuHealth.HEALTHY else sick)[row].add(index)
+        for node_id, index in reconfiguring_gpus(node_ids):  # a MIG layout on its way: not placed on
+            row = snap.row_of[node_id]
+            healthy[row].discard(index)
+            sick[row].add(index)
         held_by_row: dict[int, list[Held]] = defaultdict(list)
         for counted in self.held.values():
             for h in counted:
@@ -766,6 +772,7 @@ def _read_gpus(row_of: dict[int, int], model_index: dict[int, int], n: int) -> _
         shared={},
     )
     parents: dict[int, tuple[int, int]] = {}  # GPU id in MIG mode → (row, index)
+    changing = reconfiguring_gpus()  # kept out until their new MIG layout is reported
     for (
         device_id,
         node_id,
@@ -796,7 +803,7 @@ def _read_gpus(row_of: dict[int, int], model_index: dict[int, int], n: int) -> _
         if gpus.model[row] < 0 or index == 0:
             gpus.model[row] = model_index[model_id]
         gpus.memory[row] = max(int(gpus.memory[row]), memory_mb)
-        healthy = health == GpuHealth.HEALTHY
+        healthy = health == GpuHealth.HEALTHY and (node_id, index) not in changing
         if not healthy and (mig or shareable):
             gpus.sick.setdefault(row, set()).add(index)
         if mig:

@@ -5,7 +5,6 @@ server into Orrery's nodes, the heartbeat pipeline and the scheduler's cache."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,9 @@ from clusters.adapters.kubernetes.inventory import (
     normalise,
     pod_requests,
 )
-from clusters.services.credentials import GpuDescription
 from tests.kubefake import plugin
 
 kube, kube_client = plugin.kube, plugin.kube_client  # the fake API server's fixtures
-HAS_MIG_DESCRIPTION = "mig" in {f.name for f in dataclasses.fields(GpuDescription)}
 RECORDINGS = Path(__file__).resolve().parents[1] / "kubefake" / "recordings"
 
 
@@ -389,7 +386,6 @@ def test_a_mig_node_joins_with_its_gpu_in_mig_mode_and_its_instances(cluster_a, 
     assert node.labels["orrery.io/mig-layout"] == "1g.10gb:7"
 
 
-@pytest.mark.skipif(not HAS_MIG_DESCRIPTION, reason="GpuDescription.mig (MIG instances in node descriptions)")
 def test_a_changed_mig_layout_describes_the_node_again(cluster_a, inventory_pass):
     node = ready(recorded_node("012"))
     inventory_pass(cluster_a, [node])

@@ -17,10 +17,8 @@ from clusters.adapters.slurm.adapter import sbatch_argv, work_gres
 from clusters.adapters.slurm.api import parse_nodes
 from clusters.adapters.slurm.gres import GresRefused, MigEntry, NodeGres, gres_request, parse_node_gres
 from clusters.adapters.slurm.inventory import slurm_gpus
-from clusters.services.credentials import GpuDescription
 
 RECORDINGS = Path(__file__).parent / "recordings"
-HAS_MIG_DESCRIPTION = "mig" in {f.name for f in dataclasses.fields(GpuDescription)}
 
 
 @pytest.mark.parametrize(
@@ -293,7 +291,6 @@ def test_mig_instances_of_another_model_or_an_unknown_one_are_left_out(hpc):
     assert seen.unknown_gpu_types == ("b200",)
 
 
-@pytest.mark.skipif(not HAS_MIG_DESCRIPTION, reason="GpuDescription.mig (MIG instances in node descriptions)")
 def test_a_mig_node_has_gpus_in_mig_mode_with_their_instances(hpc):
     collect_now(hpc, {"n1": "gpu:a100:1(S:0),gpu:a100_3g.20gb:2(S:0)", "n2": "gpu:1g.10gb:14"})
     n1 = hpc.nodes.get(name="n1")

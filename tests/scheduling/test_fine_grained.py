@@ -166,3 +166,18 @@ def test_a_gang_that_requires_topology_waits_for_it_and_says_so(alice, queue, ra
     if not placed:
         assert "not 2 under one switch or rack" in gang.reason_message
         assert "waits for topology" in gang.reason_message
+
+
+def test_a_gpu_whose_layout_is_changing_is_kept_out_until_its_node_reports_it(alice, queue, mig_node):
+    """An operator's new layout is applied by the agent once the GPU is idle: meanwhile the
+    scheduler places nothing on it (not its old instances, not the GPU whole)."""
+    GpuDevice.objects.filter(node=mig_node, index=0).update(mig_layout_wanted=["7g.80gb"])
+    GpuDevice.objects.filter(node=mig_node, index=2).update(mig_layout_wanted=["3g.40gb", "3g.40gb"])
+    small = make_job(alice, queue, model="a100", gpus=1, gpu_slice="1g.10gb")
+    whole = make_job(alice, queue, model="a100", gpus=2)
+    assert run_cycle(SchedulerCache()).placed == 0
+    assert "lack 1 free a100-80g MIG 1g.10gb" in Job.objects.get(pk=small.pk).reason_message
+    GpuDevice.objects.filter(node=mig_node, index=2).update(mig_layout_wanted=[])  # back to whole: no change
+    GpuDevice.objects.filter(node=mig_node, index=0).update(mig_layout_wanted=["1g.10gb"] * 7)  # as it is
+    assert run_cycle(SchedulerCache()).placed == 2
+    assert sorted(r.gpu.index for r in held(Job.objects.get(pk=whole.pk))) == [2, 3]

@@ -93,6 +93,7 @@ from clusters.ingest.buffer import get_buffer
 from clusters.ingest.records import collector_record
 from clusters.models import Cluster, GpuDevice, GpuModel, GpuModelAlias, MigInstance, Node
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
+from clusters.services.mig import MigDescription
 from clusters.services.nodes import set_node_state
 
 log = logging.getLogger(__name__)
@@ -437,7 +438,12 @@ def _description(view: NodeView, model: GpuModel | None) -> NodeDescription:
 
 def _mig_gpu(index: int, model: GpuModel, view: NodeView, instances: list[dict[str, Any]]) -> GpuDescription:
     """A GPU in MIG mode, its instances in the agent-report shape (``GpuDescription.mig``)."""
-    return GpuDescription(index=index, model=model, memory_mb=view.gpu_memory_mb, mig=instances)
+    return GpuDescription(
+        index=index,
+        model=model,
+        memory_mb=view.gpu_memory_mb,
+        mig=tuple(MigDescription(**i) for i in instances),
+    )
 
 
 def _agent(view: NodeView) -> str:

@@ -32,6 +32,7 @@ from clusters.ingest.records import MAX_GPUS, collector_record
 from clusters.models import Cluster, ClusterSecret, GpuModel, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import GpuDescription, NodeDescription, upsert_node
+from clusters.services.mig import MigDescription
 from clusters.services.nodes import set_node_state
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ def _description(
 
 def _mig_gpu(index: int, model: GpuModel, instances: list[dict[str, Any]]) -> GpuDescription:
     """A GPU in MIG mode, its instances in the agent-report shape (``GpuDescription.mig``)."""
-    return GpuDescription(index=index, model=model, mig=instances)
+    return GpuDescription(index=index, model=model, mig=tuple(MigDescription(**i) for i in instances))
 
 
 def _upsert(cluster: Cluster, description: NodeDescription) -> int | None:
