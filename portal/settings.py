@@ -230,10 +230,15 @@ if not ORRERY_ENERGY_METER_S > 0:
     )
 # Periodic work. Each entry expires before its next run, so a worker that falls behind never
 # works through a backlog of stale passes.
+# Telemetry reaches the Node and GPU rows (and their averages move) this often.
+ORRERY_TELEMETRY_SYNC_S = float(os.environ.get("ORRERY_TELEMETRY_SYNC_S", 60))
 _PERIODIC = {
     "flush-heartbeats": ("clusters.tasks.flush_heartbeats_task", 2.0),
     "node-lifecycle": ("clusters.tasks.node_lifecycle_task", 5.0),
-    "sync-telemetry": ("clusters.tasks.sync_telemetry_task", 60.0),
+    "sync-telemetry": (
+        "clusters.tasks.sync_telemetry_task",
+        float(os.environ.get("ORRERY_TELEMETRY_SYNC_S", 60)),
+    ),
     "prune-metrics": ("clusters.tasks.prune_metrics_task", 600.0),
     "meter-energy": ("scheduling.tasks.meter_energy_task", ORRERY_ENERGY_METER_S),
     "settle-draining-nodes": ("clusters.tasks.settle_draining_nodes_task", 5.0),

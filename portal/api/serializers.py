@@ -132,12 +132,25 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object"})
     def get_resources(self, job: Job) -> dict[str, Any]:
-        return {
+        """Per node; smaller than whole GPUs, ``gpus.mig`` (a MIG profile) or ``gpuMemoryMiB`` /
+        ``gpuShare`` (a fraction of a shareable GPU) say so."""
+        gpus: dict[str, Any] = {
+            "model": job.gpu_model.slug if job.gpu_model else None,
+            "count": job.gpus_per_node,
+        }
+        if job.gpu_slice:
+            gpus["mig"] = job.gpu_slice
+        resources = {
             "nodes": job.nodes,
-            "gpus": {"model": job.gpu_model.slug if job.gpu_model else None, "count": job.gpus_per_node},
+            "gpus": gpus,
             "cpuMillicores": job.cpu_millicores_per_node,
             "memoryBytes": job.memory_bytes_per_node,
         }
+        if job.gpu_memory_mb:
+            resources["gpuMemoryMiB"] = job.gpu_memory_mb
+        if job.gpu_share is not None:
+            resources["gpuShare"] = job.gpu_share
+        return resources
 
     @extend_schema_field({"type": "string", "nullable": True})
     def get_gpuModel(self, job: Job) -> str | None:

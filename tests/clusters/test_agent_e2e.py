@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def service_env(tmp: Path) -> dict[str, str]:
+def service_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The environment of the server and worker processes, with timers short enough for a test."""
     return control_plane_env(
         tmp,
@@ -37,6 +38,7 @@ def service_env(tmp: Path) -> dict[str, str]:
         ORRERY_NODE_GRACE="3",
         ORRERY_NODE_FAILOVER_AFTER="12",  # an agent's lease: 12 - grace 1 - 2 × interval 1 = 9 s
         ORRERY_FAILOVER_PER_MINUTE="100",
+        **extra,
     )
 
 
@@ -44,9 +46,16 @@ def service_env(tmp: Path) -> dict[str, str]:
 def plane(tmp_path):
     """Daphne serving the API and the agents, and a Celery worker with beat running the
     scheduler, the aggregator, the lifecycle and the outbox sweep."""
+    with running_plane(tmp_path) as services:
+        yield services
+
+
+@contextlib.contextmanager
+def running_plane(tmp_path: Path, **extra: str) -> Iterator[dict]:
+    """The control plane of ``plane``, with ``extra`` settings in its environment."""
     if not settings.REDIS_URL:
         pytest.skip("the processes share the heartbeat buffer and the broker through Redis")
-    env = service_env(tmp_path)
+    env = service_env(tmp_path, **extra)
     port = free_port()
     server = Service(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
@@ -65,9 +74,11 @@ def plane(tmp_path):
         "url": f"http://127.0.0.1:{port}",
         "env": env,
     }
-    yield services
-    worker.stop()
-    server.stop()
+    try:
+        yield services
+    finally:
+        worker.stop()
+        server.stop()
 
 
 @pytest.fixture
