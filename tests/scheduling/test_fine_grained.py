@@ -181,3 +181,11 @@ def test_a_gpu_whose_layout_is_changing_is_kept_out_until_its_node_reports_it(al
     GpuDevice.objects.filter(node=mig_node, index=0).update(mig_layout_wanted=["1g.10gb"] * 7)  # as it is
     assert run_cycle(SchedulerCache()).placed == 2
     assert sorted(r.gpu.index for r in held(Job.objects.get(pk=whole.pk))) == [2, 3]
+
+
+def test_a_node_whose_gpus_are_all_in_mig_mode_takes_mig_jobs(alice, queue):
+    node = make_node(make_cluster("sim-all"), gpus=1, model="a100", name="all-mig")
+    make_mig(node, 0, ["3g.40gb", "3g.40gb"])
+    job = make_job(alice, queue, model="a100", gpus=1, gpu_slice="3g.40gb")
+    assert run_cycle(SchedulerCache()).placed == 1
+    assert held(Job.objects.get(pk=job.pk))[0].mig_instance.profile == "3g.40gb"

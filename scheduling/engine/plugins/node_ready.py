@@ -14,7 +14,11 @@ class NodeReady:
 
     def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
         ok = snap.ready[rows]
-        return ok & (snap.gpu_total[rows] > 0) if job.gpus else ok
+        if not job.gpus:
+            return ok
+        # A node whose GPUs are all in MIG mode has no whole GPU, and is ready for MIG jobs.
+        healthy = snap.gpu_total[rows] + (snap.mig_total[rows].sum(axis=1) if job.slice >= 0 else 0)
+        return ok & (healthy > 0)
 
     def explain(self, job: JobView, snap: Snapshot, refused: int) -> str:
         return f"{refused:,} not ready"
