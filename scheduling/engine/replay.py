@@ -454,6 +454,8 @@ class Replay:
             figures[f"wait_p95_s_{size}"] = round(_quantile(values, 0.95), 1) if values else None
         every = [w for values in waits.values() for w in values]
         figures["wait_mean_s"] = round(statistics.fmean(every), 1) if every else None
+        turnaround = [life.done - life.job.submit for life in self.lives.values() if life.done is not None]
+        figures["turnaround_mean_s"] = round(statistics.fmean(turnaround), 1) if turnaround else None
         return figures | self.meter.figures()
 
     def wait_of(self, job_id: int) -> float | None:
