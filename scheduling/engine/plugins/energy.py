@@ -10,7 +10,6 @@ from scheduling.engine.snapshot import Snapshot
 
 NEUTRAL = 0.5  # what a row scores on a term whose fact is unknown
 _CACHE = "energy.static"
-_IN_USE = "energy.in_use"
 
 
 class Energy:
@@ -31,8 +30,7 @@ class Energy:
     An unknown fact (a model without a TDP or throughput, a cluster without a price or carbon
     intensity) scores ``NEUTRAL`` on its term: neither sought nor avoided. The score is the terms'
     weighted mean. The first three facts do not change within a cycle and are computed once a
-    cycle for the whole fleet; consolidation follows the cycle's placements (re-checked only on
-    the rows they changed).
+    cycle for the whole fleet; consolidation follows the cycle's placements.
     """
 
     name = "energy"
@@ -59,7 +57,7 @@ class Energy:
             state.data[_CACHE] = cached
         total = cached[1][rows]
         if self.consolidation:
-            total = total + self.consolidation * _in_use(state, snap)[rows]
+            total = total + self.consolidation * in_use(snap, rows)
         return total / sum(self.weights)
 
     def fleet_facts(self, snap: Snapshot) -> np.ndarray:
@@ -87,20 +85,6 @@ def cheaper(values: np.ndarray) -> np.ndarray:
     if not highest:
         return np.where(known, 1.0, NEUTRAL)
     return np.where(known, 1.0 - (values - lowest) / highest, NEUTRAL)
-
-
-def _in_use(state: CycleState, snap: Snapshot) -> np.ndarray:
-    """``in_use`` over the whole fleet, kept for the cycle: computed once, then again only for
-    the rows that changed since (``snap.changed``, as the class masks are)."""
-    kept = state.data.get(_IN_USE)
-    if kept is None or kept[0] is not snap:
-        kept = (snap, in_use(snap, snap.all_rows), len(snap.changed))
-    elif kept[2] < len(snap.changed):
-        rows = np.unique(np.asarray(snap.changed[kept[2] :], dtype=np.int64))
-        kept[1][rows] = in_use(snap, rows)
-        kept = (snap, kept[1], len(snap.changed))
-    state.data[_IN_USE] = kept
-    return kept[1]
 
 
 def in_use(snap: Snapshot, rows: np.ndarray) -> np.ndarray:
