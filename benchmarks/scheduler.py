@@ -18,8 +18,9 @@ with quotas and a cohort. Then cycles run until nothing more fits. Reported:
   preempted once the fleet was full and the reservations the last cycle held; ``--policies
   off`` leaves both plugins out, for the same run's comparison (``benchmarks/policies.py``);
 * ``rss_mb``; ``invariants_ok`` (checked in the database afterwards);
-* ``limit_placements_per_s`` — the same workload through a bare numpy best-fit loop, no
-  framework, no database: the yardstick (the median of three passes).
+* ``limit_placements_per_s`` — as many jobs of the same mix of shapes (drawn apart, so every
+  mode gets the same list) through a bare numpy best-fit loop, no framework, no database: the
+  yardstick (the median of three passes).
 
 ``--fine-grained on`` makes the fleet and the workload fine-grained: in each cluster a quarter of
 the nodes have their GPUs in MIG mode (GPUs 0–3 as seven 1g instances, GPUs 4–7 as 3g + 2g + 1g;
@@ -32,9 +33,8 @@ shareable GPU (``gpu_memory_mb`` 10–40 GiB, or ``gpu_share`` ¼ or ½). The pr
 instance held twice, each under the GPU its allocation names and of the job's profile; no
 shareable GPU's memory handed out past its ``memory_mb``; no fraction of a GPU that is not
 shareable; no GPU held whole while any fraction of it is held; no MIG-mode GPU held whole.
-The yardstick leaves the MIG and shared jobs out and takes the fleet whole, as in plain runs:
-it times the machine on the same kind of work in both modes (counting fractions as whole GPUs
-would make it place more jobs of the fine-grained mix and so read faster).
+The yardstick times the same list of whole-GPU jobs on the same whole fleet in both modes (its
+rate depends on how many of its jobs fit, so it must not follow the workload's mix).
 
 ``--fine-grained compare`` runs the benchmark twice, each in a fresh process and database —
 ``off`` (today's profile, the plain workload) and ``on`` — and prints both with their
@@ -52,6 +52,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,9 @@ MIG_LAYOUTS = {
 MIG_MEMORY = {"1g.10gb": 9856, "2g.20gb": 19968, "3g.40gb": 40192, "1g.18gb": 16384, "2g.35gb": 32768}
 MIG_MEMORY |= {"3g.71gb": 71424}
 FINE_GRAINED_PROFILE_EXTRA = {"load_aware": 1.0, "energy": 1.0}
+# The yardstick's jobs come from a generator of their own, so every run — plain or fine-grained —
+# times the same list on the same fleet: it measures the machine, not the workload.
+YARDSTICK_SEED = 11
 
 
 def main() -> None:
@@ -257,22 +261,15 @@ def build(nodes: int, jobs: int, clusters: int, fine: bool = False) -> dict:
                     borrowing_limit=None if p else nodes // 2,
                 )
             queues.append(queue)
-    shapes = []
     rows = []
     counts = {"mig_jobs": 0, "shared_jobs": 0}
     for j in range(jobs):
         queue = queues[j % len(queues)]
-        model = MODELS[random.randrange(len(MODELS))]
-        if random.random() < 0.02:
-            n_nodes, gpus = random.choice([2, 4, 8, 16]), 8
-        else:
-            n_nodes, gpus = 1, random.choice([1, 1, 2, 2, 4, 8])
+        model, n_nodes, gpus = draw_shape(random)
         fraction = fine_grained_request(model) if fine else {}
         if fraction:
             n_nodes, gpus = 1, fraction.pop("gpus")
             counts["mig_jobs" if fraction.get("gpu_slice") else "shared_jobs"] += 1
-        else:
-            shapes.append((model, n_nodes, gpus))
         rows.append(
             Job(
                 owner=user,
@@ -295,12 +292,26 @@ def build(nodes: int, jobs: int, clusters: int, fine: bool = False) -> dict:
     return {
         "node_model": node_model,
         "node_kind": node_kind,
-        "shapes": shapes,
+        "shapes": yardstick_shapes(jobs),
         "mig_nodes": node_kind.count("mig"),
         "shareable_nodes": node_kind.count("shared"),
         "mig_instances": instances,
         **counts,
     }
+
+
+def draw_shape(rng: Any) -> tuple[str, int, int]:
+    """One job's model, nodes and GPUs per node, drawn from ``rng`` (``random`` or a
+    ``random.Random``): 2 % are 2–16-node gangs of 8 GPUs, the rest 1, 2, 4 or 8 GPUs."""
+    model = MODELS[rng.randrange(len(MODELS))]
+    if rng.random() < 0.02:
+        return model, rng.choice([2, 4, 8, 16]), 8
+    return model, 1, rng.choice([1, 1, 2, 2, 4, 8])
+
+
+def yardstick_shapes(jobs: int) -> list[tuple[str, int, int]]:
+    rng = random.Random(YARDSTICK_SEED)
+    return [draw_shape(rng) for _ in range(jobs)]
 
 
 def telemetry(node: int, gpu: int, now: datetime) -> dict:
@@ -461,10 +472,9 @@ def check_invariants(fine: bool = False) -> bool:
 
 
 def bare_numpy(workload: dict) -> int:
-    """Best fit with no framework and no database: the same whole-GPU jobs, in the same order,
-    on every node's 8 GPUs. With ``--fine-grained on`` the MIG and shared jobs are left out and
-    the fleet is taken whole, so both modes time the same kind of loop on the same job mix: the
-    yardstick measures the machine, not the workload."""
+    """Best fit with no framework and no database: as many whole-GPU jobs as the workload has,
+    of its shapes' mix but drawn by a generator of their own (``YARDSTICK_SEED``), on every node's
+    8 GPUs — the same list in every mode, so the yardstick measures the machine."""
     model_of = {m: i for i, m in enumerate(MODELS)}
     node_model = np.array([model_of[m] for m in workload["node_model"]])
     free = np.full(len(node_model), 8, dtype=np.int32)
