@@ -18,8 +18,9 @@ class Energy:
     Four terms, each in [0, 1], weighted by the arguments of the same names (default 1 each):
 
     * ``performance_per_watt`` — the row's GPU model's relative throughput per watt of TDP
-      (``snap.perf_per_watt``) over the fleet's best: work done per joule. All rows a job can
-      take share its model, except when it accepts several; the term then prefers the frugal one.
+      (``snap.perf_per_watt``) over the fleet's best: work done per joule. The rows one job is
+      scored over share its model today (an any-model job is tried one model at a time), so the
+      term decides nothing yet; it counts where rows of several models are compared.
     * ``price`` — ``1 − (price − cheapest) / dearest`` over the fleet's clusters' energy price per
       kWh: 1 on the cheapest cluster, lower the dearer.
     * ``carbon`` — the same over the clusters' carbon intensity (g CO₂ per kWh).
