@@ -12,9 +12,11 @@ from scheduling.engine.plugins.array_throttle import ArrayThrottle
 from scheduling.engine.plugins.backfill import Backfill
 from scheduling.engine.plugins.binpack import Binpack
 from scheduling.engine.plugins.cluster_affinity import ClusterAffinity
+from scheduling.engine.plugins.energy import Energy
 from scheduling.engine.plugins.fair_share import FairShare
 from scheduling.engine.plugins.gang import Gang
 from scheduling.engine.plugins.gpu_model_match import GpuModelMatch
+from scheduling.engine.plugins.load_aware import LoadAware
 from scheduling.engine.plugins.node_ready import NodeReady
 from scheduling.engine.plugins.node_selector import NodeSelector
 from scheduling.engine.plugins.preemption import Preemption
@@ -38,6 +40,8 @@ REGISTRY: dict[str, type] = {
     "fair_share": FairShare,
     "binpack": Binpack,
     "spread": Spread,
+    "load_aware": LoadAware,
+    "energy": Energy,
     "backfill": Backfill,
     "preemption": Preemption,
 }

@@ -16,6 +16,14 @@ It reports what an operator compares policies by: GPU utilisation, waits by job 
 wait of given jobs (a big gang), preemptions and the GPU-time they threw away, how far predicted
 starts were from actual ones, and when a queue got its lent quota back.
 
+A fleet may also say what energy and placement cost (``Fleet``): per model its TDP and relative
+throughput (a job's run time is its trace run time ÷ the throughput of the model it lands on),
+per cluster its energy price and carbon intensity, and hot spots — nodes whose telemetry reads
+hot, where jobs run ``hot_slowdown`` × slower. Then the figures add the energy the fleet's GPUs
+drew (busy at TDP, idle at ``idle_power`` × TDP, nothing on a node with no allocation when
+``sleep_idle_nodes``), idle-node hours, the work completed (GPU-hours at a throughput of 1.0)
+and energy, cost and CO₂ per completed GPU-hour.
+
     trace = synthetic_trace(Fleet(), hours=2, seed=1)
     result = Replay(Fleet(), profile, policies={...}).run(trace)
 """
@@ -34,7 +42,7 @@ import numpy as np
 
 from scheduling.engine.cache import SchedulerCache
 from scheduling.engine.cycle.decide import decide
-from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView
+from scheduling.engine.framework import ANY_MODEL, NEVER, NO_GPU, JobView, Placement
 from scheduling.engine.policies import DEFAULT_PROFILE, Profile, build_profile
 from scheduling.engine.queue import PendingQueue
 from scheduling.engine.snapshot import QuotaBook, Snapshot
@@ -45,21 +53,58 @@ SIZE_CLASSES = ("1gpu", "2-8gpu", "multinode")
 @dataclass(frozen=True)
 class Fleet:
     """A simulated fleet: ``clusters`` × ``nodes`` nodes of ``gpus`` GPUs; node models alternate
-    over ``models`` within each cluster."""
+    over ``models`` within each cluster.
+
+    Energy (all optional; left out, run times are the trace's and no energy is counted):
+    ``tdp_watts`` and ``throughput`` per model (relative to an A100-80G, as the catalog's
+    ``relative_throughput``), ``price`` (per kWh) and ``carbon`` (g CO₂ per kWh) per cluster.
+    A GPU draws its TDP while allocated and ``idle_power`` × TDP otherwise; with
+    ``sleep_idle_nodes`` a node with nothing allocated draws nothing (power saving, at once —
+    an upper bound on what sleeping idle nodes saves).
+
+    Hot spots: ``hot`` of the nodes (a share, picked at random with ``seed``) read hot in their
+    telemetry — GPUs at 92 °C, 95 % busy, 90 % of memory in use — and every other node reads
+    cool (55 °C, 30 %, 30 %). The readings are static (a cooling fault, not the scheduler's own
+    load) and fresh at every cycle. A job with a node on a hot spot runs ``hot_slowdown`` × its
+    run time there (its GPUs throttle); a run that then passes its time limit is cut there and
+    its work is lost."""
 
     clusters: tuple[str, ...] = ("sim-a", "sim-b")
     nodes: int = 64
     gpus: int = 8
     models: tuple[str, ...] = ("h100-80g", "a100-80g")
+    tdp_watts: tuple[float, ...] = ()
+    throughput: tuple[float, ...] = ()
+    idle_power: float = 0.15
+    sleep_idle_nodes: bool = False
+    price: tuple[float, ...] = ()
+    carbon: tuple[float, ...] = ()
+    hot: float = 0.0
+    hot_slowdown: float = 1.5
+    seed: int = 1
 
     @property
     def total_gpus(self) -> int:
         return len(self.clusters) * self.nodes * self.gpus
 
+    @property
+    def rows(self) -> int:
+        return len(self.clusters) * self.nodes
+
+    def hot_rows(self) -> np.ndarray:
+        """A bool per row: a hot spot."""
+        hot = np.zeros(self.rows, dtype=bool)
+        hot[random.Random(self.seed).sample(range(self.rows), round(self.hot * self.rows))] = True
+        return hot
+
+    def speed(self, model: int) -> float:
+        """Relative throughput of ``model`` (1.0 when the fleet does not say)."""
+        return self.throughput[model] if self.throughput else 1.0
+
     def snapshot(self) -> Snapshot:
         n = len(self.clusters) * self.nodes
         full = (1 << self.gpus) - 1
-        return Snapshot(
+        snap = Snapshot(
             node_id=np.arange(1, n + 1, dtype=np.int64),
             cluster=np.repeat(np.arange(len(self.clusters), dtype=np.int32), self.nodes),
             model=np.array([i % len(self.models) for i in range(n)], dtype=np.int32),
@@ -78,6 +123,19 @@ class Fleet:
             labels=[{} for _ in range(n)],
             names=[f"{self.clusters[r // self.nodes]}-n{r % self.nodes:03d}" for r in range(n)],
         )
+        if self.tdp_watts:
+            per_watt = np.array([self.speed(m) / w for m, w in enumerate(self.tdp_watts)], dtype=np.float32)
+            snap.perf_per_watt = per_watt[snap.model]
+        if self.price:
+            snap.price = np.array(self.price, dtype=np.float32)[snap.cluster]
+        if self.carbon:
+            snap.carbon = np.array(self.carbon, dtype=np.float32)[snap.cluster]
+        if self.hot:
+            hot = self.hot_rows()
+            snap.util = np.where(hot, 95.0, 30.0).astype(np.float32)
+            snap.mem_used = np.where(hot, 0.9, 0.3).astype(np.float32)
+            snap.temp = np.where(hot, 92.0, 55.0).astype(np.float32)
+        return snap
 
 
 @dataclass(frozen=True)
@@ -127,6 +185,71 @@ class _Life:
     preempted: int = 0
     predicted: tuple[float, float] | None = None  # (when predicted, predicted start)
     done: float | None = None
+    rate: float = 1.0  # current attempt: trace run time per second (model throughput, hot spots)
+    timed_out: bool = False  # it ran past its limit (slowed down) and was cut there
+
+
+@dataclass
+class _Meter:
+    """Energy, idle nodes and completed work over the measured window ``[lo, hi]``. Between two
+    events the fleet does not change, so each interval adds its length × what the snapshot
+    holds then."""
+
+    fleet: Fleet
+    window: tuple[float, float]
+    energy_wh: float = 0.0
+    cost: float = 0.0
+    co2_g: float = 0.0
+    idle_node_s: float = 0.0
+    work_gpu_s: float = 0.0  # GPU-seconds at a throughput of 1.0, of runs that completed
+    timed_out: int = 0
+
+    def __post_init__(self) -> None:
+        snap = self.fleet.snapshot()
+        tdp = np.array(self.fleet.tdp_watts or [np.nan], dtype=np.float64)
+        self.tdp = tdp[snap.model] if self.fleet.tdp_watts else None
+        self.price = np.nan_to_num(snap.price.astype(np.float64))  # unknown: not counted
+        self.carbon = np.nan_to_num(snap.carbon.astype(np.float64))
+
+    def span(self, start: float, end: float) -> float:
+        lo, hi = self.window
+        return max(min(end, hi) - max(start, lo), 0.0)
+
+    def add(self, snap: Snapshot, start: float, end: float) -> None:
+        seconds = self.span(start, end)
+        if not seconds:
+            return
+        held = snap.gpu_total - snap.gpu_free
+        idle = held == 0
+        self.idle_node_s += int(np.count_nonzero(idle)) * seconds
+        if self.tdp is None:
+            return
+        watts = self.tdp * (held + self.fleet.idle_power * snap.gpu_free)
+        if self.fleet.sleep_idle_nodes:
+            watts[idle] = 0.0
+        wh = watts * seconds / 3600
+        self.energy_wh += float(wh.sum())
+        self.cost += float((wh * self.price).sum()) / 1000
+        self.co2_g += float((wh * self.carbon).sum()) / 1000
+
+    def completed(self, gpus: int, rate: float, start: float, end: float) -> None:
+        self.work_gpu_s += gpus * rate * self.span(start, end)
+
+    def figures(self) -> dict[str, Any]:
+        work_h = self.work_gpu_s / 3600
+        figures: dict[str, Any] = {
+            "idle_node_h": round(self.idle_node_s / 3600, 1),
+            "completed_gpu_h": round(work_h, 1),
+            "timed_out": self.timed_out,
+        }
+        if self.tdp is not None:
+            figures |= {
+                "energy_kwh": round(self.energy_wh / 1000, 1),
+                "energy_wh_per_gpu_h": round(self.energy_wh / work_h, 1) if work_h else None,
+                "cost_per_gpu_h": round(self.cost / work_h, 5) if work_h else None,
+                "co2_g_per_gpu_h": round(self.co2_g / work_h, 1) if work_h else None,
+            }
+        return figures
 
 
 class Replay:
@@ -158,15 +281,25 @@ class Replay:
         self.holding: dict[int, dict[int, int]] = {}  # queue → model → GPUs held (for reclaim)
         self.watch: list[tuple[int, int, int, float]] = []  # (queue, model, GPUs, since)
         self.reclaimed: dict[tuple[int, int], float] = {}
+        self.hot = fleet.hot_rows() if fleet.hot else None
+        self.meter = _Meter(fleet, (0.0, 0.0))
 
     # --- the run ------------------------------------------------------------------------------
     def run(
-        self, trace: list[TraceJob], *, until: float | None = None, warmup: float = 0.25
+        self,
+        trace: list[TraceJob],
+        *,
+        until: float | None = None,
+        warmup: float = 0.25,
+        window: tuple[float, float] | None = None,
     ) -> dict[str, Any]:
-        """Replay ``trace`` until every job has finished (or ``until``); returns the figures."""
+        """Replay ``trace`` until every job has finished (or ``until``); returns the figures.
+        Utilisation, energy and work are measured over ``window`` (virtual seconds), by default
+        from ``warmup`` of the trace's span to its last arrival."""
         arrivals = sorted(trace, key=lambda j: (j.submit, j.id))
         horizon = max((j.submit for j in trace), default=0.0)
-        self.window = (warmup * horizon, horizon)
+        self.window = window or (warmup * horizon, horizon)
+        self.meter = _Meter(self.fleet, self.window)
         stop_at = until if until is not None else math.inf
         ends: list[tuple[float, int, int, str]] = []  # (when, job, attempt, how)
         queues = {q: (spec.priority, 1.0, spec.project) for q, spec in self.queues.items()}
@@ -183,6 +316,7 @@ class Replay:
                 break
             lo, hi = self.window
             self.busy_gpu_s += busy * max(min(now, hi) - max(last, lo), 0.0)
+            self.meter.add(self.cache.snap, last, now)
             last = now
             while k < len(arrivals) and arrivals[k].submit <= now:
                 self._arrive(arrivals[k])
@@ -194,6 +328,8 @@ class Replay:
                     continue  # an end of an attempt already preempted
                 busy -= life.job.nodes * life.job.gpus
                 self._end(life, when, how)
+            if self.hot is not None:
+                self.cache.snap.telemetry_at.fill(now)  # the readings arrive fresh every cycle
             decided = decide(
                 self.profile, self.cache, self.cache.snap, self.cycles + 1, self.per_cycle,
                 queues=queues, now=now, policies=policies,
@@ -205,8 +341,10 @@ class Replay:
                 life.first_start = now if life.first_start is None else life.first_start
                 busy += life.job.nodes * life.job.gpus
                 self._hold(life.job.queue, placement.job.model, life.job.nodes * life.job.gpus)
-                end = now + min(life.job.runtime, life.job.limit)
-                heapq.heappush(ends, (end, life.job.id, life.attempt, "end"))
+                life.rate = self._rate(placement)
+                needs = life.job.runtime / life.rate
+                how = "end" if needs <= life.job.limit else "timeout"  # cut at its limit
+                heapq.heappush(ends, (now + min(needs, life.job.limit), life.job.id, life.attempt, how))
             for decision in decided.preemptions:
                 for victim in decision.victims:
                     life = self.lives[victim]
@@ -224,7 +362,17 @@ class Replay:
                 if life.predicted is None and life.first_start is None:
                     life.predicted = (now, start)
             self._check_reclaim(now)
+        self.meter.add(self.cache.snap, last, min(self.window[1], stop_at))  # quiet after the last event
         return self._figures(horizon)
+
+    def _rate(self, placement: Placement) -> float:
+        """Trace run time done per second: the model's throughput, less on a hot spot (a gang
+        goes at the pace of its slowest node)."""
+        model = placement.job.model
+        rate = self.fleet.speed(model) if model >= 0 else 1.0
+        if self.hot is not None and any(self.hot[n.row] for n in placement.nodes):
+            rate /= self.fleet.hot_slowdown
+        return rate
 
     def _arrive(self, job: TraceJob) -> None:
         self.lives[job.id] = _Life(job)
@@ -234,9 +382,14 @@ class Replay:
         job = life.job
         run = self.cache.runs.get(job.id)
         model = run.model if run is not None else job.model
-        if how == "end":
+        if how in ("end", "timeout"):
             self.cache.note_end(job.id, when)
             self.cache._release(job.id)
+            if how == "end":
+                self.meter.completed(job.nodes * job.gpus, life.rate, life.started or when, when)
+            else:
+                life.timed_out = True
+                self.meter.timed_out += 1
             life.done, life.started = when, None
         else:  # preempted: its work since it started is lost; it waits again
             self.preempted_gpu_s += job.nodes * job.gpus * (when - (life.started or when))
@@ -299,7 +452,11 @@ class Replay:
         for size, values in waits.items():
             figures[f"wait_mean_s_{size}"] = round(statistics.fmean(values), 1) if values else None
             figures[f"wait_p95_s_{size}"] = round(_quantile(values, 0.95), 1) if values else None
-        return figures
+        every = [w for values in waits.values() for w in values]
+        figures["wait_mean_s"] = round(statistics.fmean(every), 1) if every else None
+        turnaround = [life.done - life.job.submit for life in self.lives.values() if life.done is not None]
+        figures["turnaround_mean_s"] = round(statistics.fmean(turnaround), 1) if turnaround else None
+        return figures | self.meter.figures()
 
     def wait_of(self, job_id: int) -> float | None:
         life = self.lives.get(job_id)

@@ -189,3 +189,16 @@ def test_a_node_whose_gpus_are_all_in_mig_mode_takes_mig_jobs(alice, queue):
     job = make_job(alice, queue, model="a100", gpus=1, gpu_slice="3g.40gb")
     assert run_cycle(SchedulerCache()).placed == 1
     assert held(Job.objects.get(pk=job.pk))[0].mig_instance.profile == "3g.40gb"
+
+
+def test_mig_jobs_are_packed_onto_the_node_whose_instances_they_fill_most(alice, queue):
+    cluster = make_cluster("sim-pack")
+    nodes = [make_node(cluster, gpus=1, model="a100", name=f"p{i}") for i in range(2)]
+    for node in nodes:
+        make_mig(node, 0, ["1g.10gb"] * 7)
+    first = make_job(alice, queue, model="a100", gpus=1, gpu_slice="1g.10gb")
+    run_cycle(SchedulerCache())
+    second = make_job(alice, queue, model="a100", gpus=1, gpu_slice="1g.10gb")
+    run_cycle(SchedulerCache())
+    where = {held(Job.objects.get(pk=j.pk))[0].node_id for j in (first, second)}
+    assert len(where) == 1, "the second instance comes from the partly used node"

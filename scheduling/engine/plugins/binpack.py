@@ -13,7 +13,13 @@ class Binpack:
     name = "binpack"
 
     def score(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
-        if job.gpus:
+        if job.slice >= 0:  # MIG instances: the node whose instances of the profile it fills most
+            total = np.maximum(snap.mig_total[rows, job.slice], 1)
+            left = snap.mig_free[rows, job.slice] - job.gpus
+        elif job.shared:  # a fraction: the node whose shareable GPU it fills most
+            total = np.maximum(snap.share_cap[rows], 1)
+            left = snap.share_free[rows] - snap.share_need(job, rows)
+        elif job.gpus:
             total = np.maximum(snap.gpu_total[rows], 1)
             left = snap.gpu_free[rows] - job.gpus
         else:
