@@ -510,9 +510,10 @@ class SchedulerCache:
                 continue
             (healthy if health == GpuHealth.HEALTHY else sick)[row].add(index)
         for node_id, index in reconfiguring_gpus(node_ids):  # a MIG layout on its way: not placed on
-            row = snap.row_of[node_id]
-            healthy[row].discard(index)
-            sick[row].add(index)
+            row = snap.row_of.get(node_id)
+            if row in healthy:
+                healthy[row].discard(index)
+                sick[row].add(index)
         held_by_row: dict[int, list[Held]] = defaultdict(list)
         for counted in self.held.values():
             for h in counted:
