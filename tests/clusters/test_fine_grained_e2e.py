@@ -102,6 +102,11 @@ def test_mig_and_shared_jobs_run_on_their_devices_and_are_metered(lab):
         "both attempts to be metered",
         timeout=60,
     )
+    # The API shows what the meter wrote (in kWh, to 4 places: a few seconds of a MIG instance
+    # may round to 0).
+    wait(lambda: state_of(lab, mig, "SUCCEEDED"), "the MIG job to end", timeout=60)
     shown = api(lab, "GET", f"jobs/{mig}")
-    assert shown["energy"]["kwh"] > 0 and shown["resources"]["gpus"]["mig"] == "1g.10gb"
+    metered = sum(a.energy_wh for a in JobAttempt.objects.filter(job_id=mig))
+    assert metered > 0 and shown["energy"]["kwh"] == round(metered / 1000, 4)
+    assert shown["resources"]["gpus"]["mig"] == "1g.10gb"
     assert api(lab, "GET", f"jobs/{shared}")["resources"]["gpuMemoryMiB"] == 20480
