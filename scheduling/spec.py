@@ -40,6 +40,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusters.agent.mig import PROFILE as MIG_PROFILE  # the one grammar: agents, ingest, the console
+
 API_VERSION = "orrery/v1"
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
@@ -69,7 +71,6 @@ _DURATION_PARTS = re.compile(r"(\d+)\s*([dhms])", re.IGNORECASE | re.ASCII)
 _DURATION = re.compile(r"^\s*(?:\d+\s*[dhms]\s*)+$", re.IGNORECASE | re.ASCII)
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 _ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$", re.IGNORECASE | re.ASCII)
-_MIG_PROFILE = re.compile(r"^[1-8]g\.[0-9]{1,4}gb(\+[a-z0-9]{1,8})?$", re.ASCII)
 _ARRAY = re.compile(r"^\d+(-\d+(:\d+)?)?$", re.ASCII)
 _JOB_REF = re.compile(r"(\d{1,18})(?:_(\d{1,9}))?", re.ASCII)
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -444,7 +445,7 @@ def parse_gpus(value: Any) -> GpuRequest:
         return _gpu_request(parts[0], 1) if count is None else parse_gpus(count)
     if len(parts) == 2 and ascii_integer(parts[1]) is not None:
         return _gpu_request(parts[0], ascii_integer(parts[1]))
-    if len(parts) in (2, 3) and _MIG_PROFILE.fullmatch(parts[1].lower()):
+    if len(parts) in (2, 3) and MIG_PROFILE.fullmatch(parts[1].lower()):
         count = ascii_integer(parts[2]) if len(parts) == 3 else 1
         if count is not None:
             return _mig_request(parts[0], parts[1], count)
@@ -457,7 +458,7 @@ def parse_gpus(value: Any) -> GpuRequest:
 def _mig_request(model: str, profile: str, count: int) -> GpuRequest:
     """``count`` MIG instances of ``profile`` on GPUs of ``model``."""
     profile = profile.strip().lower() if isinstance(profile, str) else ""
-    if not _MIG_PROFILE.fullmatch(profile):
+    if not MIG_PROFILE.fullmatch(profile):
         raise FieldProblems([(".mig", "must be a MIG profile such as 1g.10gb or 3g.40gb")])
     if count < 1:
         raise ValueError("a MIG request asks for at least one instance")

@@ -32,7 +32,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from clusters import ports
-from clusters.agent.mig import PROFILE, LayoutError, check_layout, same_layout
+from clusters.agent.mig import PROFILE, LayoutError, check_layout, same_layout, slices
 from clusters.models import GpuDevice, MigInstance, Node, NodeEvent
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,11 @@ def check_mig_layout(value: Any) -> list[str] | None:
         if not PROFILE.fullmatch(profile):
             raise ValidationError(f"Item {i + 1} is not a MIG profile such as 1g.10gb or 3g.40gb.")
         profiles.append(profile)
-    slices = sum(int(PROFILE.fullmatch(p).group(1)) for p in profiles)  # type: ignore[union-attr]
-    if len(profiles) > MAX_INSTANCES or slices > MAX_SLICES:
+    total = sum(slices(p) for p in profiles)
+    if len(profiles) > MAX_INSTANCES or total > MAX_SLICES:
         raise ValidationError(
             f"A GPU holds at most {MAX_INSTANCES} instances and {MAX_SLICES} compute slices; "
-            f"this layout asks for {len(profiles)} instances and {slices} slices."
+            f"this layout asks for {len(profiles)} instances and {total} slices."
         )
     return profiles
 
