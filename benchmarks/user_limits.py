@@ -15,7 +15,10 @@ the least process time is kept (the decide phase alone: no database):
 * ``limits_uniform`` — the same limits, every user submitting every shape (the worst case:
   one class per owner and shape in the limited queues).
 
-Printed: per configuration the milliseconds, placements and classes. Nothing is asserted.
+The yardstick is ``without_plugins``, the same cycle without the two plugins, decided in turn with
+the others (each repeat decides every configuration once). Printed: per configuration the
+milliseconds, placements, classes and ``vs_yardstick`` (its time ÷ the yardstick's). Nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def world(config: str, nodes: int, jobs: int, owners: int, seed: int):  # -> Sch
     return cache
 
 
-def measure(config: str, args: argparse.Namespace) -> dict:
+def measure_once(config: str, args: argparse.Namespace, repeat: int) -> tuple[float, int, int]:
+    """One decide of a fresh world: (process seconds, placed, classes)."""
     from scheduling.engine.cycle.decide import decide
     from scheduling.engine.policies import DEFAULT_PROFILE, build_profile
 
@@ -107,15 +111,31 @@ def measure(config: str, args: argparse.Namespace) -> dict:
         plugins = [p for p in plugins if p not in ("user_limits", "array_throttle")]
     profile = build_profile(DEFAULT_PROFILE | {"plugins": plugins})
     queues = {q: (0, 1.0, q) for q in (1, 2, 3, 4)}
-    best, placed, classes = float("inf"), 0, 0
+    cache = world(config, args.nodes, args.jobs, args.owners, args.seed + repeat)
+    started = time.process_time()
+    decided = decide(profile, cache, cache.snap, 1, args.per_cycle, queues=queues, now=1e9, policies={})
+    return time.process_time() - started, len(decided.placements), len(cache.queue.classes)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every configuration once per repeat, in turn, so that the yardstick (``without_plugins``)
+    is sampled between the others; least time per configuration, ratios to the yardstick's."""
+    runs: dict[str, list[tuple[float, int, int]]] = {config: [] for config in CONFIGS}
     for repeat in range(args.repeats):
-        cache = world(config, args.nodes, args.jobs, args.owners, args.seed + repeat)
-        classes = len(cache.queue.classes)
-        started = time.process_time()
-        decided = decide(profile, cache, cache.snap, 1, args.per_cycle, queues=queues, now=1e9, policies={})
-        best = min(best, time.process_time() - started)
-        placed = len(decided.placements)
-    return {"ms": round(best * 1000, 1), "placed": placed, "classes": classes}
+        for config in CONFIGS:
+            runs[config].append(measure_once(config, args, repeat))
+    yardstick = min(seconds for seconds, _, _ in runs["without_plugins"])
+    result = {}
+    for config, samples in runs.items():
+        best = min(seconds for seconds, _, _ in samples)
+        _, placed, classes = samples[-1]
+        result[config] = {
+            "ms": round(best * 1000, 1),
+            "placed": placed,
+            "classes": classes,
+            "vs_yardstick": round(best / yardstick, 2),
+        }
+    return result
 
 
 def main() -> None:
@@ -134,8 +154,7 @@ def main() -> None:
 
     django.setup()
     result = {"nodes": args.nodes, "jobs": args.jobs, "owners": args.owners, "per_cycle": args.per_cycle}
-    for config in CONFIGS:
-        result[config] = measure(config, args)
+    result |= measure(args)
     print(json.dumps(result, indent=None if args.json else 2))
 
 
