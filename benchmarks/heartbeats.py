@@ -379,9 +379,13 @@ def main() -> None:
             # the same two loads on the bare view; bare seqs rise from sample to sample
             k = len(samples) + 1
             say(f"yardstick sample {k}: the bare view")
-            batched, _ = batched_phase(args.port + 1, jobs, args, boot, args.yardstick_seconds, 10**7 * k)
-            per_node, _ = per_node_phase(args.port + 1, fleet, args, boot, args.yardstick_seconds, 10**7 * k)
-            samples.append({"batched": batched, "per_node": per_node})
+            seconds, seq = args.yardstick_seconds, 10**7 * k
+            batched, outcomes = batched_phase(args.port + 1, jobs, args, boot, seconds, seq)
+            errors = sum(o["errors"] for o in outcomes)
+            # per node above the batched reports' seqs, so that every write is fresh, as in Orrery's phase
+            per_node, outcomes = per_node_phase(args.port + 1, fleet, args, boot, seconds, seq + 10**6)
+            errors += sum(o["errors"] for o in outcomes)
+            samples.append({"batched": batched, "per_node": per_node, "errors": errors})
 
         yardstick()
         say("phase 1: batched ingest")
@@ -416,6 +420,7 @@ def main() -> None:
         result["bare_batched_samples"] = [round(s["batched"]) for s in samples]
         result["bare_per_node_requests_per_s"] = round(bare_per_node)
         result["bare_per_node_samples"] = [round(s["per_node"]) for s in samples]
+        result["bare_errors"] = sum(s["errors"] for s in samples)  # a stale or failed write: 0 expected
         result["batched_ratio"] = round(records_per_s / bare_batched, 3)
         result["per_node_ratio"] = round(requests_per_s / bare_per_node, 3)
 
