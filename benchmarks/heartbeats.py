@@ -7,12 +7,20 @@ Runs against PostgreSQL and Redis (``DATABASE_URL``/``REDIS_URL``, defaults on l
 production HTTP server, gunicorn, which it starts on loopback. It creates a throwaway database,
 a fleet of 4 clusters with 8 GPUs per node, and credentials (as an operator would), then:
 
+0. a yardstick sample (again between 1 and 2, and after 2);
 1. batched ingest: collector processes post 1,000-node reports as fast as they can;
 2. per-node ingest: client processes post one heartbeat per request as fast as they can;
 3. aggregation: passes over 10,000 changed nodes, timed;
 4. detection: some nodes stop reporting while the lifecycle runs every 5 s (as beat runs it);
    the time from each one's last heartbeat to ``not_ready``;
 5. loss: every node's last accepted report must be the one in the database.
+
+Each ingest figure is judged against a yardstick from the same run: a bare WSGI view
+(``bare_application``: no Django, no credential, no validation) doing the same Redis write —
+the buffer's own Lua script over the same keys — on a second gunicorn with the same settings,
+driven by the same load generators. It is sampled three times, before, between and after the
+two ingest phases, and its median is used: ``per_node_ratio`` and ``batched_ratio`` are
+Orrery's figures over the bare view's.
 
 The load generator shares the machine's cores with the server, as it does in the design
 budget. It prints one JSON object. Nothing here is asserted: figures go in docs/performance.md.
@@ -63,12 +71,17 @@ def gpu_report(gpus: int, seq: int) -> list[dict]:
 
 
 def batched_client(
-    port: int, jobs: list[tuple[str, str, list[tuple[int, str]]]], gpus: int, seconds: float, boot: str
+    port: int,
+    jobs: list[tuple[str, str, list[tuple[int, str]]]],
+    gpus: int,
+    seconds: float,
+    boot: str,
+    start_seq: int = 0,
 ) -> dict:
     """Post each (cluster, credential, nodes) batch in turn until time is up."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     last: dict[int, int] = {}
-    seq, accepted, requests, errors = 0, 0, 0, 0
+    seq, accepted, requests, errors = start_seq, 0, 0, 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         seq += 1
@@ -160,6 +173,41 @@ def per_node_client(
     return {"latencies": latencies, "errors": errors, "last": last}
 
 
+# --- the yardstick: a bare WSGI view doing the same Redis write (run by gunicorn) ---------------
+
+_bare: dict[str, object] = {}
+
+
+def bare_application(environ: dict, start_response) -> list[bytes]:
+    """The bare limit of ingest on this machine: read the body, parse it, and the buffer's own
+    Lua script (passed in ``ORRERY_BARE_SCRIPT``) over the report's nodes — one Redis round trip,
+    the same keys and values ingest writes — then a JSON answer. No Django, no credential, no
+    validation: what no ingest can do without, and nothing else."""
+    if "put" not in _bare:
+        import redis
+
+        client = redis.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=5)
+        _bare["keys"] = [f"{os.environ['ORRERY_BARE_PREFIX']}{k}" for k in BUFFER_KEYS]
+        _bare["put"] = client.register_script(os.environ["ORRERY_BARE_SCRIPT"])
+    raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    body = orjson.loads(raw)
+    if "nodes" in body:
+        args: list = []
+        for item in body["nodes"]:
+            name, boot, seq = item["node"], item["boot_id"], item["seq"]
+            args += [name, boot, seq, orjson.dumps(item), orjson.dumps({"n": name, "b": boot, "q": seq})]
+    else:
+        name, boot, seq = body["node"], body["boot_id"], body["seq"]
+        args = [name, boot, seq, raw, orjson.dumps({"n": name, "b": boot, "q": seq})]
+    accepted, _ = _bare["put"](keys=_bare["keys"], args=args)
+    payload = orjson.dumps({"accepted": accepted if "nodes" in body else bool(accepted)})
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
+    return [payload]
+
+
+BUFFER_KEYS = ("seq", "latest", "dirty", "counters", "slim")  # clusters.ingest.buffer.RedisBuffer
+
+
 # --- the benchmark ------------------------------------------------------------------------------
 
 
@@ -178,6 +226,63 @@ def process_cpu_seconds(pids: list[int]) -> float:
 def server_pids(master: int) -> list[int]:
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
     return [master, *map(int, children)]
+
+
+def start_gunicorn(app: str, port: int, args: argparse.Namespace, env: dict[str, str]) -> subprocess.Popen:
+    """The production server's settings; Orrery's application and the bare view get the same."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            app,
+            "--pythonpath",
+            str(ROOT / "benchmarks"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(args.workers),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(args.threads),
+            "--log-level",
+            "warning",
+            "--keep-alive",
+            "30",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def batched_phase(
+    port: int, jobs: list, args: argparse.Namespace, boot: str, seconds: float, start_seq: int
+) -> tuple[float, list[dict]]:
+    """Accepted records per second, and each load-generator process's outcome."""
+    shares = [jobs[i :: args.clients] for i in range(args.clients)]
+    started = time.monotonic()
+    with mp.get_context("fork").Pool(args.clients) as pool:
+        outcomes = pool.starmap(
+            batched_client,
+            [(port, share, args.gpus_per_node, seconds, boot, start_seq) for share in shares if share],
+        )
+    return sum(o["accepted"] for o in outcomes) / (time.monotonic() - started), outcomes
+
+
+def per_node_phase(
+    port: int, fleet: dict, args: argparse.Namespace, boot: str, seconds: float, start_seq: int
+) -> tuple[float, list[dict]]:
+    """Answered requests per second, and each load-generator process's outcome."""
+    per_node = fleet["per_node"]
+    shares = [per_node[i :: args.clients] for i in range(args.clients)]
+    started = time.monotonic()
+    with mp.get_context("fork").Pool(args.clients) as pool:
+        outcomes = pool.starmap(
+            per_node_client,
+            [(port, share, args.gpus_per_node, seconds, boot, start_seq) for share in shares],
+        )
+    return sum(len(o["latencies"]) for o in outcomes) / (time.monotonic() - started), outcomes
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:
@@ -199,6 +304,9 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=4)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each ingest phase")
+    parser.add_argument(
+        "--yardstick-seconds", type=float, default=5.0, help="length of each bare-view load (3 samples × 2)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--clients", type=int, default=4, help="load-generator processes")
@@ -229,7 +337,8 @@ def main() -> None:
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db_name}"')
-    server = None
+    server = bare = None
+    bare_prefix = ""
     try:
         import django
 
@@ -240,29 +349,14 @@ def main() -> None:
         say(f"database {db_name} ready; building a fleet of {args.nodes} nodes")
         fleet = build_fleet(args.nodes, args.clusters, args.gpus_per_node)
 
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "portal.wsgi:application",
-                "--bind",
-                f"127.0.0.1:{args.port}",
-                "--workers",
-                str(args.workers),
-                "--worker-class",
-                "gthread",
-                "--threads",
-                str(args.threads),
-                "--log-level",
-                "warning",
-                "--keep-alive",
-                "30",
-            ],
-            cwd=ROOT,
-            env=env,
-        )
+        server = start_gunicorn("portal.wsgi:application", args.port, args, env)
+        bare_prefix = f"orrery-bench-bare-{os.getpid()}:"
+        from clusters.ingest import buffer as ingest_buffer
+
+        bare_env = {**env, "ORRERY_BARE_PREFIX": bare_prefix, "ORRERY_BARE_SCRIPT": ingest_buffer._PUT}
+        bare = start_gunicorn("heartbeats:bare_application", args.port + 1, args, bare_env)
         wait_for_port(args.port)
+        wait_for_port(args.port + 1)
         time.sleep(1.0)
         pids = server_pids(server.pid)
         result: dict[str, object] = {
@@ -274,50 +368,61 @@ def main() -> None:
         }
         boot = uuid.uuid4().hex
         last: dict[int, int] = {}
-
-        say("phase 1: batched ingest")
         jobs = [
             (c, cred, nodes[i : i + 1000])
             for c, cred, nodes in fleet["clusters"]
             for i in range(0, len(nodes), 1000)
         ]
-        shares = [jobs[i :: args.clients] for i in range(args.clients)]
+        samples: list[dict[str, float]] = []
+
+        def yardstick() -> None:
+            # the same two loads on the bare view; bare seqs rise from sample to sample
+            k = len(samples) + 1
+            say(f"yardstick sample {k}: the bare view")
+            seconds, seq = args.yardstick_seconds, 10**7 * k
+            batched, outcomes = batched_phase(args.port + 1, jobs, args, boot, seconds, seq)
+            errors = sum(o["errors"] for o in outcomes)
+            # per node above the batched reports' seqs, so that every write is fresh, as in Orrery's phase
+            per_node, outcomes = per_node_phase(args.port + 1, fleet, args, boot, seconds, seq + 10**6)
+            errors += sum(o["errors"] for o in outcomes)
+            samples.append({"batched": batched, "per_node": per_node, "errors": errors})
+
+        yardstick()
+        say("phase 1: batched ingest")
         cpu_before = process_cpu_seconds(pids)
-        started = time.monotonic()
-        with mp.get_context("fork").Pool(args.clients) as pool:
-            outcomes = pool.starmap(
-                batched_client,
-                [(args.port, share, args.gpus_per_node, args.seconds, boot) for share in shares if share],
-            )
-        elapsed = time.monotonic() - started
+        records_per_s, outcomes = batched_phase(args.port, jobs, args, boot, args.seconds, 0)
         cpu = process_cpu_seconds(pids) - cpu_before
         accepted = sum(o["accepted"] for o in outcomes)
         for o in outcomes:
             last.update(o["last"])
-        result["batched_records_per_s"] = round(accepted / elapsed)
+        result["batched_records_per_s"] = round(records_per_s)
         result["batched_requests"] = sum(o["requests"] for o in outcomes)
         result["batched_errors"] = sum(o["errors"] for o in outcomes)
         result["server_cpu_s_per_1000_records"] = round(cpu / max(accepted, 1) * 1000, 4)
         drain(say)
 
+        yardstick()
         say("phase 2: per-node ingest")
-        per_node = fleet["per_node"]
-        shares = [per_node[i :: args.clients] for i in range(args.clients)]
-        started = time.monotonic()
-        with mp.get_context("fork").Pool(args.clients) as pool:
-            outcomes = pool.starmap(
-                per_node_client,
-                [(args.port, share, args.gpus_per_node, args.seconds, boot, 10**6) for share in shares],
-            )
-        elapsed = time.monotonic() - started
+        requests_per_s, outcomes = per_node_phase(args.port, fleet, args, boot, args.seconds, 10**6)
         latencies = [x for o in outcomes for x in o["latencies"]]
         for o in outcomes:
             last.update(o["last"])
-        result["per_node_requests_per_s"] = round(len(latencies) / elapsed)
+        result["per_node_requests_per_s"] = round(requests_per_s)
         result["per_node_p50_ms"] = round(percentile(latencies, 0.50), 2)
         result["per_node_p99_ms"] = round(percentile(latencies, 0.99), 2)
         result["per_node_errors"] = sum(o["errors"] for o in outcomes)
         drain(say)
+
+        yardstick()
+        bare_batched = statistics.median(s["batched"] for s in samples)
+        bare_per_node = statistics.median(s["per_node"] for s in samples)
+        result["bare_batched_records_per_s"] = round(bare_batched)
+        result["bare_batched_samples"] = [round(s["batched"]) for s in samples]
+        result["bare_per_node_requests_per_s"] = round(bare_per_node)
+        result["bare_per_node_samples"] = [round(s["per_node"]) for s in samples]
+        result["bare_errors"] = sum(s["errors"] for s in samples)  # a stale or failed write: 0 expected
+        result["batched_ratio"] = round(records_per_s / bare_batched, 3)
+        result["per_node_ratio"] = round(requests_per_s / bare_per_node, 3)
 
         say("phase 3: aggregation passes over every node")
         result.update(flush_passes(fleet, args.gpus_per_node, boot))
@@ -330,9 +435,15 @@ def main() -> None:
             result.update(detection(fleet, args.detect_nodes, args.gpus_per_node))
         print(json.dumps(result, indent=None if args.json else 2))
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(10)
+        for process in (server, bare):
+            if process is not None:
+                process.terminate()
+                process.wait(10)
+        if bare_prefix:
+            import redis
+
+            store = redis.Redis.from_url(redis_url)
+            store.delete(*(bare_prefix + k for k in BUFFER_KEYS))
         from django.db import connections
 
         connections.close_all()

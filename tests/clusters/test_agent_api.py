@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from clusters.choices import GpuHealth, NodeState
 from clusters.ingest.buffer import get_buffer
@@ -11,6 +13,7 @@ from clusters.models import GpuDevice, JoinToken, Node, NodeCredential, NodeEven
 from clusters.services.credentials import (
     allow_reregistration,
     create_join_token,
+    forget_cached_identities,
     issue_cluster_credential,
     revoke,
 )
@@ -97,8 +100,9 @@ def test_revoked_join_token_is_refused(client, cluster):
 
 
 def test_heartbeat_is_buffered_not_written(client, registered, django_assert_max_num_queries):
-    # The credential and the node's desired attempts, read once; then both come from caches.
-    with django_assert_max_num_queries(2):
+    # The credential, its cluster's credentials and the node's desired attempts, read once;
+    # then all come from caches.
+    with django_assert_max_num_queries(3):
         answer = post(client, "heartbeat", report(seq=1), registered["credential"])
     assert answer.status_code == 200
     expected = {"accepted": True, "interval": 10, "failover_after_s": 300, "desired": [], "stop": []}
@@ -106,6 +110,26 @@ def test_heartbeat_is_buffered_not_written(client, registered, django_assert_max
     assert get_buffer().latest([registered["nodeId"]])[registered["nodeId"]]["q"] == 1
     with django_assert_max_num_queries(0):
         post(client, "heartbeat", report(seq=2), registered["credential"])
+
+
+def test_one_read_caches_the_credentials_of_the_whole_cluster(client, cluster, registered):
+    _, join = create_join_token(cluster)
+    second = post(client, "register", description(name="gpu-002"), join).json()
+    forget_cached_identities()
+    assert post(client, "heartbeat", report(seq=1), registered["credential"]).status_code == 200
+    with CaptureQueriesContext(connection) as queries:
+        answer = post(client, "heartbeat", report(name="gpu-002", seq=1), second["credential"])
+    assert answer.status_code == 200
+    assert not [q for q in queries if "credential" in q["sql"]]
+
+
+def test_a_revoked_credential_is_refused_though_its_cluster_was_cached(client, cluster, registered):
+    _, join = create_join_token(cluster)
+    second = post(client, "register", description(name="gpu-002"), join).json()
+    forget_cached_identities()
+    assert post(client, "heartbeat", report(seq=1), registered["credential"]).status_code == 200
+    revoke(NodeCredential.objects.get(node_id=second["nodeId"], revoked_at__isnull=True))
+    assert post(client, "heartbeat", report(name="gpu-002", seq=1), second["credential"]).status_code == 401
 
 
 def test_a_node_credential_speaks_for_its_node_only(client, cluster, registered):
