@@ -38,6 +38,10 @@ TOPOLOGY = {
         "ORRERY_NODE_GRACE": "8",
         "ORRERY_HEARING_GAP_S": "4",
         "ORRERY_NODE_FAILOVER_AFTER": str(FAILOVER_S),
+        # The keyed burst kills a web worker every 0.5 s, and the fairness slot of a request it
+        # was serving is held until its lease ends: at production's 4 per tenant, leaked slots
+        # would refuse the burst's own clients (429) most of the time. 16: the API tier's threads.
+        "ORRERY_API_TENANT_CONCURRENCY": "16",
     },
 }
 STALL_S = 3  # ORRERY_SCHEDULER_STALL_S in harness.TIMERS
