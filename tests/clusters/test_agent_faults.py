@@ -262,13 +262,26 @@ def attempt_dir(tmp: Path, world: dict, job: int) -> Path:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_agent_whose_spool_cannot_be_written_runs_on_and_delivers(tmp_path):
+    """The spool cannot be written. With the server up, the agent keeps heartbeating (the node
+    stays ready), runs work and delivers every report; with the server away too, it keeps a
+    job's end in memory and delivers it once the server is back."""
     with control_plane(tmp_path) as world:
         agent = world["agent"]("n1")
         wait(lambda: Node.objects.filter(name="n1", state=NodeState.READY).exists(), "the node", timeout=90)
         spool = tmp_path / "n1" / "spool.jsonl"
         spool.unlink(missing_ok=True)
         spool.mkdir()  # no one writes a file there, root included
-        job = submit(world, "while-unwritable", "sleep 4; echo done")
+        quick = submit(world, "quick", "echo quick-done")
+        job = submit(world, "while-unwritable", "sleep 12; echo done")
+        # Longer than the grace (3 s) and a lifecycle pass (5 s): a node whose heartbeats had
+        # stopped would go not ready meanwhile.
+        end = time.monotonic() + 9
+        while time.monotonic() < end:
+            assert agent.poll() is None, "the agent died"
+            assert Node.objects.get(name="n1").state == NodeState.READY, "the node stopped being ready"
+            time.sleep(0.2)
+        assert wait(lambda: state_of(world, quick, "SUCCEEDED", "FAILED"), "its end")["state"] == "SUCCEEDED"
+        wait(lambda: "quick-done" in api(world, "GET", f"jobs/{quick}/logs")["lines"], "its output")
         wait(lambda: state_of(world, job, "RUNNING"), "the job to run")
         directory = attempt_dir(tmp_path, world, job)
         world["server"].stop()
@@ -282,6 +295,9 @@ def test_an_agent_whose_spool_cannot_be_written_runs_on_and_delivers(tmp_path):
         # once heartbeats flow on time
         wait(lambda: Node.objects.get(name="n1").state == NodeState.READY, "heartbeats going on")
         assert agent.poll() is None and "cannot write the spool" in Path(f"{tmp_path / 'n1'}.log").read_text()
+        wait(lambda: "done" in api(world, "GET", f"jobs/{job}/logs")["lines"], "the output written meanwhile")
+        with connection.cursor() as cursor:
+            assert_invariants(cursor, accepted_jobs=[quick, job], settle_s=5)
 
 
 @pytest.mark.django_db(transaction=True)
