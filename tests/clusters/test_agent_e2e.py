@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,8 +310,10 @@ def test_a_server_outage_loses_no_report(plane, tmp_path):
         job = submit(world, "through-an-outage", "sleep 3; echo done")
         wait(lambda: state_of(world, job, "RUNNING"), "the job to run")
         server.stop()
-        time.sleep(6)  # the job ends while nobody listens: the agent keeps its report on disk
-        assert (tmp_path / "n1" / "spool.jsonl").read_text().strip(), "the report waits in the spool"
+        # the job ends while nobody listens: the agent keeps its report on disk
+        spool = tmp_path / "n1" / "spool.jsonl"
+        wait(lambda: list((tmp_path / "n1").glob("attempts/*/exit_code")), "the job to end", timeout=30)
+        wait(lambda: spool.exists() and spool.read_text().strip(), "the report in the spool", timeout=30)
         server.start()
         finished = wait(lambda: state_of(world, job, "SUCCEEDED", "FAILED"), "the report to arrive")
         assert finished["state"] == "SUCCEEDED"

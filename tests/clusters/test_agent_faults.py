@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from clusters.agent.agent import Agent
 from clusters.agent.runner import Runner
@@ -29,6 +30,7 @@ from portal.services.tokens import issue_token
 from scheduling.models import JobLog
 from tests.clusters.test_agent_e2e import api, state_of, submit
 from tests.factories import ensure_catalog, make_cluster, make_project, make_queue, make_user
+from tests.faults.invariants import assert_invariants
 from tests.processes import Service, celery_worker_argv, control_plane_env, free_port, spawn_agent, wait
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,13 +262,26 @@ def attempt_dir(tmp: Path, world: dict, job: int) -> Path:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_agent_whose_spool_cannot_be_written_runs_on_and_delivers(tmp_path):
+    """The spool cannot be written. With the server up, the agent keeps heartbeating (the node
+    stays ready), runs work and delivers every report; with the server away too, it keeps a
+    job's end in memory and delivers it once the server is back."""
     with control_plane(tmp_path) as world:
         agent = world["agent"]("n1")
         wait(lambda: Node.objects.filter(name="n1", state=NodeState.READY).exists(), "the node", timeout=90)
         spool = tmp_path / "n1" / "spool.jsonl"
         spool.unlink(missing_ok=True)
         spool.mkdir()  # no one writes a file there, root included
-        job = submit(world, "while-unwritable", "sleep 4; echo done")
+        quick = submit(world, "quick", "echo quick-done")
+        job = submit(world, "while-unwritable", "sleep 12; echo done")
+        # Longer than the grace (3 s) and a lifecycle pass (5 s): a node whose heartbeats had
+        # stopped would go not ready meanwhile.
+        end = time.monotonic() + 9
+        while time.monotonic() < end:
+            assert agent.poll() is None, "the agent died"
+            assert Node.objects.get(name="n1").state == NodeState.READY, "the node stopped being ready"
+            time.sleep(0.2)
+        assert wait(lambda: state_of(world, quick, "SUCCEEDED", "FAILED"), "its end")["state"] == "SUCCEEDED"
+        wait(lambda: "quick-done" in api(world, "GET", f"jobs/{quick}/logs")["lines"], "its output")
         wait(lambda: state_of(world, job, "RUNNING"), "the job to run")
         directory = attempt_dir(tmp_path, world, job)
         world["server"].stop()
@@ -280,6 +295,9 @@ def test_an_agent_whose_spool_cannot_be_written_runs_on_and_delivers(tmp_path):
         # once heartbeats flow on time
         wait(lambda: Node.objects.get(name="n1").state == NodeState.READY, "heartbeats going on")
         assert agent.poll() is None and "cannot write the spool" in Path(f"{tmp_path / 'n1'}.log").read_text()
+        wait(lambda: "done" in api(world, "GET", f"jobs/{job}/logs")["lines"], "the output written meanwhile")
+        with connection.cursor() as cursor:
+            assert_invariants(cursor, accepted_jobs=[quick, job], settle_s=5)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -311,6 +329,10 @@ def test_thousands_of_spooled_reports_are_all_delivered(tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_binary_and_huge_output_wedge_nothing(tmp_path):
+    """A job printing NUL bytes and bytes that are not UTF-8 breaks none of the node's later
+    reports (never an error answer). A job writing 200 MB holds up neither its own end nor that
+    of a small job running beside it, nor the node's heartbeats; its newest output is stored.
+    With no retention, ended attempts are cleaned up once reported and shipped."""
     with control_plane(tmp_path) as world:
         world["agent"]("n1", "--retention", "0")
         wait(lambda: Node.objects.filter(name="n1", state=NodeState.READY).exists(), "the node", timeout=90)
@@ -325,19 +347,41 @@ def test_binary_and_huge_output_wedge_nothing(tmp_path):
         big = submit(world, "200MB", f"yes {line} | head -c 200000000; echo tail-marker")
         wait(lambda: state_of(world, big, "RUNNING", "SUCCEEDED"), "the big job to start")
         directory = attempt_dir(tmp_path, world, big)
-        until(lambda: (directory / "exit_code").exists(), "the big job to end", timeout=60)
-        ended = (directory / "exit_code").stat().st_mtime
-        assert wait(lambda: state_of(world, big, "SUCCEEDED", "FAILED"), "its end")["state"] == "SUCCEEDED"
-        reported = time.time() - ended
+        output = directory / "output.log"
+        until(lambda: output.exists() and output.stat().st_size > 50_000_000, "50 MB of output", timeout=60)
+        small = submit(world, "small", "sleep 1; echo small-done")
+        # Each attempt's directory goes once its end is reported and its output shipped (no
+        # retention): when its process ended is read while it is there.
+        directories, ended, reported = {big: directory}, {}, {}
+        ready_throughout = True
+        deadline = time.monotonic() + 120
+        while len(reported) < 2 and time.monotonic() < deadline:
+            ready_throughout &= Node.objects.get(name="n1").state == NodeState.READY
+            if small not in directories and state_of(world, small, "RUNNING", "SUCCEEDED", "FAILED"):
+                with contextlib.suppress(StopIteration):
+                    directories[small] = attempt_dir(tmp_path, world, small)
+            for job, path in directories.items():
+                with contextlib.suppress(FileNotFoundError):
+                    ended.setdefault(job, (path / "exit_code").stat().st_mtime)
+            for job in {big, small} - set(reported):
+                if state_of(world, job, "SUCCEEDED", "FAILED"):
+                    reported[job] = time.time()
+            time.sleep(0.1)
+        assert {big, small} <= reported.keys() & ended.keys(), (reported, ended)
+        assert reported[small] - ended[small] < 15, "the small job's end was held up"
+        assert reported[big] - ended[big] < 30, "the big job's end was held up"
+        assert ready_throughout, "the node stopped being ready while shipping output"
+        assert state_of(world, big, "SUCCEEDED") and state_of(world, small, "SUCCEEDED")
         log_row = wait(
             lambda: JobLog.objects.filter(job_id=big, end__gte=200_000_000 + len("tail-marker\n")).first(),
             "its output to be shipped",
         )
-        shipped = time.time() - ended
+        shipped = time.time() - ended[big]
         assert api(world, "GET", f"jobs/{big}/logs")["lines"][-1].endswith("tail-marker")
         assert log_row.start > 200_000_000 - 2 * JobLog.MAX_BYTES, "the first byte kept is not where it says"
         print(
-            f"\n200 MB of output: end report {reported:.1f} s after the job ended; output caught up "
+            f"\n200 MB of output: end report {reported[big] - ended[big]:.1f} s after the job ended (a "
+            f"small job's beside it: {reported[small] - ended[small]:.1f} s); output caught up "
             f"{shipped:.1f} s after ({200 / shipped:.0f} MB/s of stream; the server keeps "
             f"{len(log_row.text.encode()) >> 10} KiB of it, from byte {log_row.start})"
         )
@@ -347,9 +391,12 @@ def test_binary_and_huge_output_wedge_nothing(tmp_path):
             wait(lambda: state_of(world, after, "SUCCEEDED", "FAILED"), "the next end")["state"]
             == "SUCCEEDED"
         )
+        assert "HTTP 5" not in Path(f"{tmp_path / 'n1'}.log").read_text(), "the server refused a report"
         # with no retention, ended attempts go once reported and shipped; their ids stay
         wait(
             lambda: not directory.exists() and not (tmp_path / "n1" / "jobs" / directory.name).exists(),
             "cleanup",
         )
         assert directory.name in (tmp_path / "n1" / "ended").read_text()
+        with connection.cursor() as cursor:
+            assert_invariants(cursor, accepted_jobs=[binary, big, small, after])

@@ -52,7 +52,11 @@ def topology(servers: Servers, request: pytest.FixtureRequest) -> Iterator[Topol
     servers.heal()
     servers.redis.flushall()  # no task of an earlier module's beat reaches this one's workers
     name = request.module.__name__.rsplit(".", 1)[-1]
-    topo = Topology(servers.pg, servers.redis, servers.root / name, **getattr(request.module, "TOPOLOGY", {}))
+    shape = dict(getattr(request.module, "TOPOLOGY", {}))
+    # The scenarios kill web workers on purpose: the fairness slots a killed one held come back
+    # after 5 s rather than production's 60 (tests/portal/api/test_fairness.py tests the lease).
+    shape["env"] = {"ORRERY_API_TENANT_LEASE_S": "5", **shape.get("env", {})}
+    topo = Topology(servers.pg, servers.redis, servers.root / name, **shape)
     failed_before = request.session.testsfailed
     try:
         topo.start()

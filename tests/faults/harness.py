@@ -731,8 +731,18 @@ class Topology:
     def stop(self) -> None:
         self.supervisor.halted.set()
         self.supervisor.join(10)
+        # SIGTERM to every process at once, then one shared deadline: each may take seconds to
+        # finish its work (gunicorn's graceful timeout, a worker's task), and none waits for another.
+        running = [process for process in self.processes.values() if process.alive()]
+        for process in running:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in running:
+            with suppress(subprocess.TimeoutExpired):
+                process.popen.wait(max(deadline - time.monotonic(), 0.0))
         for process in self.processes.values():
-            process.stop()
+            process.kill_group()
         if self._conn is not None:
             with suppress(Exception):
                 self._conn.close()

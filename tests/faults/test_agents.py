@@ -4,14 +4,13 @@ scenario ending with the invariant checker.
 What an agent must guarantee under faults: an attempt never runs twice at once (an agent cut off
 from the server past its lease — the node failover time the server announces — stops its work
 before the server may requeue it, and a restarted agent never starts again what it already
-started); no report is lost (an unwritable spool does not stop the agent, and every spooled
-report is delivered once it can be written); reporting never wedges (huge or binary output);
-and a flapping node is damped, never marked ready while silent.
+started); and a flapping node is damped, never marked ready while silent. That no report is
+lost (an unwritable spool stops neither the agent nor its reports) and that reporting never
+wedges (200 MB or binary output) is ``tests/clusters/test_agent_faults.py``'s.
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 
@@ -22,7 +21,7 @@ from django.db import close_old_connections, connection
 from clusters.choices import NodeState
 from clusters.models import Node, NodeEvent
 from scheduling.models import Allocation, JobAttempt, JobEvent, JobLog
-from tests.faults.agent_lab import ENDED, Lab, attempt_shells, attempts_of, job_shells, job_state, node_state
+from tests.faults.agent_lab import ENDED, Lab, attempt_shells, attempts_of, job_shells, job_state
 from tests.faults.invariants import assert_invariants
 from tests.processes import Service, wait
 
@@ -190,7 +189,9 @@ def test_an_agent_cut_off_past_failover_fences_itself(lab):
 
     watch.until(requeued_and_running, "the job to run again on fa-b", timeout=60)
     requeued_at = time.monotonic()
-    end = time.monotonic() + 5  # the old process, if it still runs, is caught beside the new one
+    # The old process, if it still runs, is caught beside the new one (it cannot come back once
+    # gone: its agent is cut off), sampled every 0.1 s.
+    end = time.monotonic() + 1.5
     while time.monotonic() < end:
         requeued_and_running()
         watch.sample()
@@ -299,121 +300,3 @@ def test_an_agent_killed_between_starting_and_reporting_never_starts_twice(lab):
     log = wait(lambda: "crash-done" in (text := stored_log(job)) and text, "the output")
     print(f"the attempt's script started {log.count('started-once')} time(s)")
     check(plane, settle_s=5)
-
-
-def test_an_unwritable_spool_neither_stops_the_agent_nor_loses_a_report(lab):
-    """Scenario: the spool cannot be written (replaced by a directory: that stops root too).
-    The agent keeps heartbeating (the node stays ready) and keeps running work; once the
-    spool is writable again every report arrives."""
-    plane = lab(ORRERY_NODE_FAILOVER_AFTER="30")
-    agent = plane.start_agent("fa-a", gpus="h100:2")
-    plane.wait_ready("fa-a")
-    warm = plane.submit("before", "echo before")
-    plane.wait_job(warm, "SUCCEEDED")
-    spool = plane.tmp / "fa-a" / "spool.jsonl"
-    wait(lambda: not spool.exists() or not spool.read_text().strip(), "the spool to be delivered")
-    spool.unlink(missing_ok=True)
-    spool.mkdir()
-    try:
-        quick = plane.submit("quick", "echo quick-done")
-        slow = plane.submit("slow", "sleep 5; echo slow-done")
-        ran: set[int] = set()
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            close_old_connections()
-            assert agent.poll() is None, f"the agent died: {plane.agent_log('fa-a')[-2000:]}"
-            assert node_state("fa-a") == NodeState.READY, "the node stopped being ready"
-            ran |= {j for j in (quick, slow) if job_shells(j)}
-            time.sleep(0.2)
-        assert slow in ran, "the agent kept running work"
-    finally:
-        shutil.rmtree(spool, ignore_errors=True)
-    for job in (quick, slow):
-        plane.wait_job(job, *ENDED, timeout=30)
-        assert job_state(job) == "SUCCEEDED"
-    assert "quick-done" in wait(lambda: stored_log(quick), "the quick job's output")
-    assert "slow-done" in wait(
-        lambda: "slow-done" in stored_log(slow) and stored_log(slow), "the slow job's output"
-    )
-    check(plane, settle_s=5)
-
-
-BIG = (
-    "yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
-    " | head -c 200000000; head -c 64 /dev/zero; echo; echo big-output-ends-here"
-)
-
-
-def test_a_job_writing_200_mb_never_wedges_the_nodes_reports(lab):
-    """Scenario: one job writes 200 MB (lines of text, then NUL bytes). Its end arrives within a
-    bound, the stored log holds its newest output soon after, another job on the node still
-    has its end reported promptly, and the node stays ready throughout."""
-    plane = lab(ORRERY_NODE_FAILOVER_AFTER="30")
-    plane.start_agent("fa-a", gpus="h100:2")
-    plane.wait_ready("fa-a")
-    big = plane.submit("big", BIG)
-    wait(lambda: job_shells(big), "the big job to start")
-    output = next((plane.tmp / "fa-a").glob("attempts/*/output.log"))
-    wait(lambda: output.stat().st_size > 50_000_000, "50 MB of output", 60)
-    small = plane.submit("small", "sleep 1; echo small-done")
-
-    ready_throughout = True
-    process_end: dict[int, float] = {}
-    server_end: dict[int, float] = {}
-    newest_at = None
-    begin = time.monotonic()
-
-    def waiting() -> bool:  # for both ends, and for the newest output up to 60 s after the end
-        late = big in process_end and time.monotonic() - process_end[big] > 60
-        return time.monotonic() - begin < 120 and (len(server_end) < 2 or (newest_at is None and not late))
-
-    while waiting():
-        close_old_connections()
-        now = time.monotonic()
-        ready_throughout &= node_state("fa-a") == NodeState.READY
-        for job in (big, small):
-            if job not in process_end and attempts_of(job) and not job_shells(job):
-                process_end[job] = now
-            if job not in server_end and job_state(job) in ENDED:
-                server_end[job] = now
-        if newest_at is None and "big-output-ends-here" in stored_log(big)[-4096:]:
-            newest_at = now
-        time.sleep(0.25)
-
-    def after_end(job: int, at: float | None) -> str:
-        return f"{at - process_end[job]:.1f} s" if at and job in process_end else "never"
-
-    print(
-        f"200 MB job: end reported {after_end(big, server_end.get(big))} after its process ended, "
-        f"newest output stored {after_end(big, newest_at)} after; "
-        f"small job's end reported {after_end(small, server_end.get(small))} after its process ended"
-    )
-    assert small in server_end and server_end[small] - process_end[small] < 15, (
-        "the small job's end was held up"
-    )
-    assert big in server_end and server_end[big] - process_end[big] < 30, "the big job's end was held up"
-    assert job_state(big) == job_state(small) == "SUCCEEDED"
-    assert newest_at is not None, "the stored log never reached the job's newest output"
-    assert ready_throughout, "the node stopped being ready while shipping output"
-    check(plane)
-
-
-def test_binary_output_never_breaks_a_nodes_later_reports(lab):
-    """Scenario: a job prints NUL bytes and bytes that are not UTF-8. The node's later reports
-    keep being accepted (never a 500): the next job's end and output arrive."""
-    plane = lab(ORRERY_NODE_FAILOVER_AFTER="30")
-    plane.start_agent("fa-a")
-    plane.wait_ready("fa-a")
-    binary = plane.submit(
-        "binary", r"printf 'a\000b\n\377\376\000\n'; head -c 4096 /dev/urandom; echo; echo bin-done"
-    )
-    plane.wait_job(binary, *ENDED)
-    after = plane.submit("after", "echo after-done")
-    plane.wait_job(after, *ENDED, timeout=20)
-    assert job_state(binary) == job_state(after) == "SUCCEEDED"
-    assert "after-done" in wait(lambda: stored_log(after), "the later job's output")
-    assert "bin-done" in wait(
-        lambda: "bin-done" in stored_log(binary) and stored_log(binary), "the binary output"
-    )
-    assert "HTTP 5" not in plane.agent_log("fa-a"), "the server refused a report with an error"
-    check(plane)

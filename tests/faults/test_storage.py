@@ -23,11 +23,19 @@ from tests.faults.conftest import Servers
 from tests.faults.harness import Heartbeats, Submitter, Topology, refusals, wait_for
 from tests.faults.invariants import assert_invariants
 
-TOPOLOGY = {"clusters": 2, "nodes": 8}
+# A grace of 8 s (four heartbeats) rather than the suite's 15 s: every wait below is measured
+# against it. The hearing gap stays below the grace less one heartbeat interval, as the settings
+# ask, and above two flush periods.
+GRACE_S = 8
+TOPOLOGY = {
+    "clusters": 2,
+    "nodes": 8,
+    "env": {"ORRERY_NODE_GRACE": str(GRACE_S), "ORRERY_HEARING_GAP_S": "4"},
+}
 DOWN_S = 5.0
 BOUND_S = 20.0  # from the server's return; slack for a loaded 2-core machine
-WATCH_S = 20.0  # how long after the fault nodes are watched for flaps (past NODE_GRACE)
-REDIS_DOWN_S = 20.0  # longer than NODE_GRACE: no node could report meanwhile
+WATCH_S = GRACE_S + 4.0  # how long after the fault nodes are watched for flaps (past NODE_GRACE)
+REDIS_DOWN_S = GRACE_S + 2.0  # longer than NODE_GRACE: no node could report meanwhile
 
 
 def resumed(topology: Topology, heartbeats: Heartbeats, submitter: Submitter, up: float) -> dict:
