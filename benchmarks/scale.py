@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Fleet-scale benchmark: 100,000 nodes reporting, aggregated and scheduled on, in one run.
 
-    python benchmarks/scale.py --nodes 100000 --jobs 1000000 --json     # ~10 minutes
+    python benchmarks/scale.py --nodes 100000 --jobs 1000000 --json     # ~12 minutes
 
 A throwaway PostgreSQL database gets the fleet (100,000 nodes of 8 GPUs in 20 clusters, two GPU
 models per cluster) and the queue (1,000,000 pending jobs of ``benchmarks/scheduler.py``'s mix in
@@ -15,12 +15,17 @@ one ``INSERT … SELECT`` each that takes every other column from a row the ORM 
    for ``--rounds`` rounds. Reported: ``ingest_records_per_s`` (accepted over the phase),
    ``ingest_round_s`` (wall time to post one round of the whole fleet; the fleet keeps up while
    it is below the interval), ``ingest_ceiling_records_per_s`` (nodes ÷ that time: the rate the
-   same processes reach posting back to back), the flushes' durations as Celery logged them,
-   ``lost_reports`` (the database must hold every node's last accepted report), RSS per process;
+   same processes reach posting back to back), the flushes' durations as Celery logged them
+   (``flush_steady_*``: the passes after every node's first report, which rewrites every Node
+   row), CPU seconds per 1,000 records of the web and worker processes (what carries over from
+   a busy machine), ``redis_buffer_mb``, ``lost_reports`` (the database must hold every node's
+   last accepted report), RSS per process;
 2. **scheduling** — a separate process (no Redis, as ``benchmarks/scheduler.py`` runs) builds
    the scheduler's cache over the whole fleet and queue and runs cycles of ``--per-cycle``
    placements until the fleet is full or ``--cycle-budget-s`` has passed: ``placements_per_s``,
-   ``cycle_ms_p50``/``p99``, ``no_capacity_cycle_ms`` (once full), ``cache_build_ms``, RSS;
+   ``cycle_ms_p50``/``p99``, ``no_capacity_cycle_ms`` (once full), ``aborted_cycles`` (rolled
+   back past ``ORRERY_SCHEDULER_STALL_S``), ``cache_build_ms``, RSS. Without ``--json`` one more
+   cycle runs under cProfile and its profile goes to stderr;
 3. **the yardstick** — ``benchmarks/scheduler.py``'s bare numpy best-fit loop over this fleet
    (``--yardstick-jobs`` whole-GPU jobs of the same mix: the loop costs one pass over 100,000
    nodes a job, so a million would take minutes), sampled before ingest, between the phases
@@ -83,8 +88,8 @@ def main() -> None:
     parser.add_argument("--worker-processes", type=int, default=2)
     parser.add_argument("--clients", type=int, default=2, help="load-generator processes")
     # A cycle must end well inside ORRERY_SCHEDULER_STALL_S (10 s) or it is rolled back; over
-    # 100,000 nodes on the reference machine 5,000 placements took 11 s.
-    parser.add_argument("--per-cycle", type=int, default=1000)
+    # 100,000 nodes on the busy reference machine 5,000 placements took 11 s, 1,000 took 3–11 s.
+    parser.add_argument("--per-cycle", type=int, default=2500)
     parser.add_argument("--cycle-budget-s", type=float, default=180.0)
     parser.add_argument("--yardstick-jobs", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
@@ -99,7 +104,7 @@ def main() -> None:
         import django
 
         django.setup()
-        print(json.dumps(schedule(args.per_cycle, args.cycle_budget_s, say)))
+        print(json.dumps(schedule(args.per_cycle, args.cycle_budget_s, say, args.progress)))
         return
 
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
@@ -148,6 +153,7 @@ def main() -> None:
             "jobs_copy_s": round(jobs_s, 1),
             "web": f"gunicorn gthread {args.web_workers}x4",
             "workers": f"celery prefork x{args.worker_processes}",
+            "per_cycle_limit": args.per_cycle,
         }
         yardstick = {"node_model": fleet["node_model"], "shapes": yardstick_shapes(args.yardstick_jobs)}
         samples = [bare_numpy(yardstick)]
@@ -477,6 +483,7 @@ def ingest(args, env: dict, fleet: dict, processes: list, say) -> dict:
         flush_heartbeats_task.apply_async(expires=args.flush_every)
         time.sleep(args.flush_every)
     load.append(os.getloadavg()[0])
+    buffer_mb = redis_mb(env["REDIS_URL"], f"{env['ORRERY_REDIS_PREFIX']}hb:")
     rss = {"web": rss_mb(web_pids), "workers": rss_mb(worker_pids)}
     cpu = {
         "web": process_cpu_seconds(web_pids) - cpu["web"],
@@ -523,6 +530,7 @@ def ingest(args, env: dict, fleet: dict, processes: list, say) -> dict:
         "flush_nodes_per_s": round(flushed / (sum(busy) / 1000)) if busy else None,
         "worker_cpu_s_per_1000_records": round(cpu["workers"] / max(flushed, 1) * 1000, 4),
         "lost_reports": sum(1 for node, seq in last.items() if stored.get(node, -1) < seq),
+        "redis_buffer_mb": buffer_mb,
         "rss_mb_web": rss["web"],
         "rss_mb_workers": rss["workers"],
     }
@@ -550,6 +558,15 @@ def rss_mb(pids: list[int]) -> list[int]:
     return out
 
 
+def redis_mb(url: str, prefix: str) -> float:
+    """What the heartbeat buffer's keys hold in Redis (every field counted), in MiB."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = [f"{prefix}{k}" for k in ("seq", "latest", "slim", "dirty", "counters")]
+    return round(sum(client.memory_usage(k, samples=0) or 0 for k in keys) / 2**20, 1)
+
+
 def forget_redis(url: str, tag: str) -> None:
     """This run's buffer, broker queues and bindings out of the shared Redis."""
     import redis
@@ -565,7 +582,7 @@ def forget_redis(url: str, tag: str) -> None:
 # --- phase 2: scheduling (its own process) ------------------------------------------------------
 
 
-def schedule(per_cycle: int, budget_s: float, say) -> dict:
+def schedule(per_cycle: int, budget_s: float, say, profile: bool = False) -> dict:
     from scheduling.engine.cache import SchedulerCache
     from scheduling.engine.cycle import run_cycle
 
@@ -594,6 +611,18 @@ def schedule(per_cycle: int, budget_s: float, say) -> dict:
         for phase, ms in report.phases_ms.items():
             phases[phase] = round(phases.get(phase, 0.0) + ms, 1)
         say(f"cycle: placed {report.placed} in {elapsed * 1000:.0f} ms")
+    if profile and not full:  # one more cycle, not counted, under cProfile: where a cycle's time goes
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run_cycle(cache, limit=per_cycle)
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(35)
+        say(text.getvalue())
     preempted = 0
     settle_end = time.perf_counter() + budget_s / 4
     while full and time.perf_counter() < settle_end:  # preemptions settle, as in benchmarks/scheduler.py
