@@ -13,6 +13,9 @@ transaction,
 
 It reads the buffer's slim summaries (``records.summarise``), not the full reports.
 
+Passes run one at a time across workers (a transaction-scoped advisory lock on PostgreSQL); a
+pass that finds another running returns at once, having taken nothing.
+
 If the pass fails, the nodes are marked dirty again: the next pass writes their latest record,
 so nothing is lost. On PostgreSQL each step is one set-based statement over arrays
 (``unnest``); on SQLite (the embedded default, small fleets) plain ``executemany``.
@@ -49,6 +52,7 @@ from foundation.sql import is_postgresql, pg_array, pg_text_array
 
 log = logging.getLogger(__name__)
 _CATALOG_TTL_S = 30.0
+FLUSH_LOCK_KEY = 0x0_4EA7_B347  # pg advisory lock id of the aggregation pass
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,18 @@ def _when(epoch: float) -> datetime:
 
 
 def flush_heartbeats(buffer: HeartbeatBuffer | None = None) -> FlushResult:
-    """One aggregation pass. Safe to run concurrently with ingest; run one at a time."""
+    """One aggregation pass. Safe to run concurrently with ingest, and with itself: across
+    processes one pass runs at a time, and one that finds another running takes nothing."""
     buffer = buffer or get_buffer()
     started = time.perf_counter()
+    records: list[Record] = []
+    changed, points = [], 0
     with collector_paused():
-        records = buffer.take_dirty()
-        changed, points = [], 0
         try:
             with transaction.atomic():
+                if not _one_pass_at_a_time():
+                    return FlushResult(0, 0, 0, time.perf_counter() - started)
+                records = buffer.take_dirty()
                 if records:
                     changed = _write_last_seen(records)
                     _write_changed(changed)
@@ -89,6 +97,20 @@ def flush_heartbeats(buffer: HeartbeatBuffer | None = None) -> FlushResult:
     FLUSH_SECONDS.observe(elapsed)
     FLUSHED_NODES.inc(len(records))
     return FlushResult(len(records), len(changed), points, elapsed)
+
+
+def _one_pass_at_a_time() -> bool:
+    """Take the pass's advisory lock for this transaction; False if another pass holds it.
+
+    Every ingest worker runs this task, and a pass over a large fleet can outlast the 2 s
+    between two: two takes of the dirty set interleaving their ``RENAME`` would drop the marks
+    of the first. A pass that finds the lock held does nothing (no watermark either): the
+    holder's pass covers what was dirty, the next one what came since."""
+    if not is_postgresql():
+        return True  # the embedded default: one process, one aggregator
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [FLUSH_LOCK_KEY])
+        return bool(cursor.fetchone()[0])
 
 
 def _write_last_seen(records: list[Record]) -> list[tuple[Record, bool, bool]]:

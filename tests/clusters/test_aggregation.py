@@ -130,6 +130,28 @@ def test_a_failed_pass_loses_nothing(fleet, monkeypatch):
     assert set(NodeLastSeen.objects.values_list("seq", flat=True)) == {7}
 
 
+def test_one_pass_at_a_time_across_workers(fleet):
+    """Another worker's pass holds the pass's lock (its own database session): this one takes
+    nothing from the buffer, and the nodes stay dirty for the next."""
+    import psycopg
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the lock is PostgreSQL's; the embedded default has one aggregator")
+    get_buffer().put([record(n, 1) for n in fleet])
+    db = connection.settings_dict
+    other = psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"], dbname=db["NAME"]
+    )
+    try:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", [aggregation.FLUSH_LOCK_KEY])
+        assert flush_heartbeats().nodes == 0
+        assert not NodeLastSeen.objects.exists()
+    finally:
+        other.close()  # the other pass's transaction ends: its lock goes with it
+    assert flush_heartbeats().nodes == len(fleet)
+    assert set(NodeLastSeen.objects.values_list("seq", flat=True)) == {1}
+
+
 def test_reports_for_deleted_nodes_are_dropped(fleet):
     buffer = get_buffer()
     gone = fleet[0]
@@ -180,8 +202,9 @@ def test_a_pass_is_a_handful_of_statements(fleet, django_assert_max_num_queries)
     get_buffer().put([record(n, 1) for n in fleet])
     flush_heartbeats()  # warm the catalog
     get_buffer().put([record(n, 2, boot="new") for n in fleet])
-    # read last-seen, upsert it, nodes, GPUs, roll-ups (+ the savepoint pair of the test transaction)
-    limit = 7 if connection.vendor == "postgresql" else 200
+    # the pass's lock, read last-seen, upsert it, nodes, GPUs, roll-ups (+ the savepoint pair of
+    # the test transaction)
+    limit = 8 if connection.vendor == "postgresql" else 200
     with django_assert_max_num_queries(limit):
         flush_heartbeats()
 
