@@ -81,6 +81,7 @@ from scheduling.selectors import (
     queue_gpu_rows,
 )
 from scheduling.services.jobs import (
+    JobRequest,
     act_on_jobs,
     cancel_job,
     checkpoint_job,
@@ -192,22 +193,31 @@ class JobListView(GenericAPIView):
         responses={201: JobDetailSerializer, 200: JobDetailSerializer, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        spec = parse_job_spec(_document(request.data))
-        queue = submission_queue(request.user, spec.project, spec.queue)
-        requests = build_requests(
-            spec, queue, owner=request.user, privileged=is_privileged_in(request.user, queue)
-        )
-        if len(requests) != 1:
-            raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
+        requests = one_job_requests(request.user, request.data)
         if _flag(request, "dryRun"):
             return Response({"valid": True, "jobs": len(requests), "spec": requests[0].spec})
         jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
-        if created:  # a new job has no attempts yet, and carries its owner, project and queue
-            job = jobs[0]
-            job._prefetched_objects_cache = {"attempts": []}
-        else:
-            job = jobs_by_id([jobs[0].pk]).get()
-        return Response(JobDetailSerializer(job).data, status=201 if created else 200)
+        return Response(submitted_job(jobs[0], created), status=201 if created else 200)
+
+
+def one_job_requests(user: Any, data: Any) -> list[JobRequest]:
+    """``POST jobs``: the one job a document asks for, checked (``SpecError``, ``InputError``,
+    ``ParseError``). The view and the WSGI fast path (``portal.api.fastpath``) both use it."""
+    spec = parse_job_spec(_document(data))
+    queue = submission_queue(user, spec.project, spec.queue)
+    requests = build_requests(spec, queue, owner=user, privileged=is_privileged_in(user, queue))
+    if len(requests) != 1:
+        raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
+    return requests
+
+
+def submitted_job(job: Job, created: bool) -> dict[str, Any]:
+    """The answer's body: the job made, or the one an earlier request with the key made."""
+    if created:  # a new job has no attempts yet, and carries its owner, project and queue
+        job._prefetched_objects_cache = {"attempts": []}
+    else:
+        job = jobs_by_id([job.pk]).get()
+    return JobDetailSerializer(job).data
 
 
 class JobBatchView(APIView):
@@ -223,46 +233,56 @@ class JobBatchView(APIView):
         responses={201: JobSerializer(many=True), 200: JobSerializer(many=True), **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        data = request.data
-        documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
-        if not isinstance(documents, list) or not documents:
-            raise InputError([("jobs", "must be a non-empty list of job specs")])
-        if len(documents) > MAX_BATCH:
-            raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
-        errors: list[tuple[str, str]] = []
-        requests = []
-        queues: dict[tuple[str | None, str], Queue] = {}  # specs of a batch mostly share these
-        privileged: dict[int, bool] = {}
-        models: dict[str, Any] = {}
-        for i, document in enumerate(documents):
-            try:
-                spec = parse_job_spec(document, path=f"jobs[{i}]")
-                if (spec.project, spec.queue) not in queues:
-                    queues[spec.project, spec.queue] = submission_queue(
-                        request.user, spec.project, spec.queue, path=f"jobs[{i}]"
-                    )
-                queue = queues[spec.project, spec.queue]
-                if queue.pk not in privileged:
-                    privileged[queue.pk] = is_privileged_in(request.user, queue)
-                requests += build_requests(
-                    spec,
-                    queue,
-                    owner=request.user,
-                    path=f"jobs[{i}]",
-                    models=models,
-                    privileged=privileged[queue.pk],
-                )
-            except SpecError as exc:
-                errors += exc.errors
-            if len(requests) > MAX_BATCH_JOBS:
-                raise InputError([("jobs", f"a batch makes at most {MAX_BATCH_JOBS} jobs (arrays included)")])
-        if errors:
-            raise SpecError(errors)
+        requests = batch_requests(request.user, request.data)
         jobs, created = submit_jobs(
             requests, actor=request.user, idempotency_key=_idempotency_key(request), batch=True
         )
-        rows = JobSerializer(jobs_by_id(j.pk for j in jobs), many=True).data
-        return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
+        return Response(submitted_batch(jobs), status=201 if created else 200)
+
+
+def batch_requests(user: Any, data: Any) -> list[JobRequest]:
+    """``POST jobs/batch``: the jobs of every spec of a batch, checked; one error lists every
+    spec's faults. The lookups are made once per batch (specs of a batch mostly share them)."""
+    documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
+    if not isinstance(documents, list) or not documents:
+        raise InputError([("jobs", "must be a non-empty list of job specs")])
+    if len(documents) > MAX_BATCH:
+        raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
+    errors: list[tuple[str, str]] = []
+    requests: list[JobRequest] = []
+    queues: dict[tuple[str | None, str], Queue] = {}
+    privileged: dict[int, bool] = {}
+    models: dict[Any, Any] = {}
+    for i, document in enumerate(documents):
+        try:
+            spec = parse_job_spec(document, path=f"jobs[{i}]")
+            if (spec.project, spec.queue) not in queues:
+                queues[spec.project, spec.queue] = submission_queue(
+                    user, spec.project, spec.queue, path=f"jobs[{i}]"
+                )
+            queue = queues[spec.project, spec.queue]
+            if queue.pk not in privileged:
+                privileged[queue.pk] = is_privileged_in(user, queue)
+            requests += build_requests(
+                spec,
+                queue,
+                owner=user,
+                path=f"jobs[{i}]",
+                models=models,
+                privileged=privileged[queue.pk],
+            )
+        except SpecError as exc:
+            errors += exc.errors
+        if len(requests) > MAX_BATCH_JOBS:
+            raise InputError([("jobs", f"a batch makes at most {MAX_BATCH_JOBS} jobs (arrays included)")])
+    if errors:
+        raise SpecError(errors)
+    return requests
+
+
+def submitted_batch(jobs: list[Job]) -> dict[str, Any]:
+    rows = JobSerializer(jobs_by_id(j.pk for j in jobs), many=True).data
+    return {"count": len(rows), "jobs": rows}
 
 
 class JobDetailView(APIView):
@@ -758,7 +778,11 @@ def _flag(request: Request, name: str) -> bool:
 
 
 def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("Idempotency-Key")
+    return idempotency_key(request.headers.get("Idempotency-Key"))
+
+
+def idempotency_key(key: str | None) -> str | None:
+    """The header's key, stripped; ``InputError`` for one no key can be."""
     if key is None:
         return None
     key = key.strip()

@@ -1,0 +1,67 @@
+"""The WSGI fast path for submission (``portal.api.fastpath``): it answers plain submissions as
+the views would, and leaves everything else to Django."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduling.models import Job
+from tests.portal.api.conftest import FastPathHandler, job_spec
+
+pytestmark = pytest.mark.usefixtures("fleet", "queue")
+
+JOBS = "/api/v1/jobs"
+
+
+def fast_client(api, user):
+    client = api(user)
+    client.handler = FastPathHandler(client.handler)
+    return client
+
+
+def test_a_plain_submission_is_answered_by_the_fast_path_as_by_the_view(api, alice):
+    fast, view = fast_client(api, alice), api(alice)
+    answers = [
+        client.post(JOBS, json.dumps(job_spec()), content_type="application/json") for client in (fast, view)
+    ]
+    assert fast.handler.answered == 1
+    assert [a.status_code for a in answers] == [201, 201]
+    bodies = [a.json() for a in answers]
+    for body in bodies:
+        body.pop("id"), body.pop("submittedAt")
+    assert bodies[0] == bodies[1]
+    assert sorted(answers[0].headers) == sorted(answers[1].headers)
+    batch = json.dumps({"jobs": [job_spec()] * 3})
+    batch = fast.post(JOBS + "/batch", batch, content_type="application/json")
+    assert batch.status_code == 201 and batch.json()["count"] == 3
+    assert fast.handler.answered == 2
+    assert Job.objects.count() == 5
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"path": JOBS + "?dryRun=true"},
+        {"content_type": "application/yaml"},
+        {"body": b"{not json"},
+        {"body": json.dumps(job_spec(spec__resources__gpus="h100:99")).encode()},
+        {"token": "Bearer orr_nothing"},
+        {"idempotency": "\x01"},
+    ],
+    ids=["query", "yaml", "malformed", "refused-spec", "bad-token", "bad-key"],
+)
+def test_what_the_fast_path_leaves_to_django(api, alice, how):
+    client = fast_client(api, alice)
+    body = how.get("body", json.dumps(job_spec()).encode())
+    extra = {}
+    if "token" in how:
+        extra["HTTP_AUTHORIZATION"] = how["token"]
+    if "idempotency" in how:
+        extra["HTTP_IDEMPOTENCY_KEY"] = how["idempotency"]
+    content_type = how.get("content_type", "application/json")
+    if content_type == "application/yaml":
+        body = b"apiVersion: orrery/v1\n"
+    client.post(how.get("path", JOBS), body, content_type=content_type, **extra)
+    assert client.handler.answered == 0
