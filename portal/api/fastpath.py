@@ -146,7 +146,10 @@ def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Ans
             return None  # Django answers 429 with Retry-After; a refusal counts nothing
         try:
             jobs, created = submit_jobs(requests, actor=user, idempotency_key=key, batch=kind == "batch")
-            data = submitted_job(jobs[0], created) if kind == "one" else submitted_batch(jobs)
+            if kind == "one":
+                data = submitted_job(jobs[0], created, requests[0])
+            else:
+                data = submitted_batch(jobs, created, requests)
         except (OperationalError, InterfaceError):
             away = database_unavailable(SimpleNamespace(method="POST", path=environ["PATH_INFO"]))
             return _django(away, kind)
@@ -216,7 +219,6 @@ def _answer(status: int, data: Any, kind: str, extra: Iterable[tuple[str, str]] 
     headers += [
         ("Content-Type", "application/json"),
         ("Content-Length", str(len(payload))),
-        ("Vary", "Accept"),
         ("Allow", ALLOW[kind]),
         *_security_headers(),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -62,8 +62,8 @@ from portal.api.serializers import (
     TokenSerializer,
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
-from portal.choices import Scope
-from portal.models import ApiToken
+from portal.choices import Role, Scope
+from portal.models import ApiToken, Membership
 from portal.selectors import api_tokens, memberships
 from portal.services.tokens import TokenRefused, issue_token, revoke_token
 from scheduling.models import Job, Queue
@@ -197,27 +197,48 @@ class JobListView(GenericAPIView):
         if _flag(request, "dryRun"):
             return Response({"valid": True, "jobs": len(requests), "spec": requests[0].spec})
         jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
-        return Response(submitted_job(jobs[0], created), status=201 if created else 200)
+        return Response(submitted_job(jobs[0], created, requests[0]), status=201 if created else 200)
 
 
 def one_job_requests(user: Any, data: Any) -> list[JobRequest]:
     """``POST jobs``: the one job a document asks for, checked (``SpecError``, ``InputError``,
     ``ParseError``). The view and the WSGI fast path (``portal.api.fastpath``) both use it."""
     spec = parse_job_spec(_document(data))
-    queue = submission_queue(user, spec.project, spec.queue)
-    requests = build_requests(spec, queue, owner=user, privileged=is_privileged_in(user, queue))
+    queue, privileged = _queue_of(user, spec.project, spec.queue)
+    requests = build_requests(spec, queue, owner=user, privileged=privileged)
     if len(requests) != 1:
         raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
     return requests
 
 
-def submitted_job(job: Job, created: bool) -> dict[str, Any]:
+def submitted_job(job: Job, created: bool, request: JobRequest) -> dict[str, Any]:
     """The answer's body: the job made, or the one an earlier request with the key made."""
+    context = {}
     if created:  # a new job has no attempts yet, and carries its owner, project and queue
         job._prefetched_objects_cache = {"attempts": []}
+        if not request.dependency:
+            context["no_dependencies"] = True  # nothing to read back
     else:
         job = jobs_by_id([job.pk]).get()
-    return JobDetailSerializer(job).data
+    return JobDetailSerializer(job, context=context).data
+
+
+def _queue_of(user: Any, project: str | None, queue: str, *, path: str = "") -> tuple[Queue, bool]:
+    """``submission_queue`` and ``is_privileged_in`` (the queue a spec names, if the user may
+    submit to it; whether they may pass its limits for members): one query for a member who
+    names the project, those functions for anyone else and for every refusal."""
+    if project is not None and not user.is_staff:
+        managers = Membership.objects.filter(user=user, project_id=OuterRef("project_id"), role=Role.MANAGER)
+        found = (
+            Queue.objects.select_related("project")
+            .filter(project__name=project, name=queue, project__memberships__user=user)
+            .annotate(submitter_manages=Exists(managers))
+            .first()
+        )
+        if found is not None:
+            return found, found.submitter_manages
+    chosen = submission_queue(user, project, queue, path=path)
+    return chosen, is_privileged_in(user, chosen)
 
 
 class JobBatchView(APIView):
@@ -237,7 +258,7 @@ class JobBatchView(APIView):
         jobs, created = submit_jobs(
             requests, actor=request.user, idempotency_key=_idempotency_key(request), batch=True
         )
-        return Response(submitted_batch(jobs), status=201 if created else 200)
+        return Response(submitted_batch(jobs, created, requests), status=201 if created else 200)
 
 
 def batch_requests(user: Any, data: Any) -> list[JobRequest]:
@@ -250,26 +271,22 @@ def batch_requests(user: Any, data: Any) -> list[JobRequest]:
         raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
     errors: list[tuple[str, str]] = []
     requests: list[JobRequest] = []
-    queues: dict[tuple[str | None, str], Queue] = {}
-    privileged: dict[int, bool] = {}
+    queues: dict[tuple[str | None, str], tuple[Queue, bool]] = {}  # and may the user pass its limits
     models: dict[Any, Any] = {}
     for i, document in enumerate(documents):
         try:
             spec = parse_job_spec(document, path=f"jobs[{i}]")
-            if (spec.project, spec.queue) not in queues:
-                queues[spec.project, spec.queue] = submission_queue(
-                    user, spec.project, spec.queue, path=f"jobs[{i}]"
-                )
-            queue = queues[spec.project, spec.queue]
-            if queue.pk not in privileged:
-                privileged[queue.pk] = is_privileged_in(user, queue)
+            named = (spec.project, spec.queue)
+            if named not in queues:
+                queues[named] = _queue_of(user, spec.project, spec.queue, path=f"jobs[{i}]")
+            queue, privileged = queues[named]
             requests += build_requests(
                 spec,
                 queue,
                 owner=user,
                 path=f"jobs[{i}]",
                 models=models,
-                privileged=privileged[queue.pk],
+                privileged=privileged,
             )
         except SpecError as exc:
             errors += exc.errors
@@ -280,8 +297,15 @@ def batch_requests(user: Any, data: Any) -> list[JobRequest]:
     return requests
 
 
-def submitted_batch(jobs: list[Job]) -> dict[str, Any]:
-    rows = JobSerializer(jobs_by_id(j.pk for j in jobs), many=True).data
+def submitted_batch(jobs: list[Job], created: bool, requests: list[JobRequest]) -> dict[str, Any]:
+    """The answer's body: the jobs made (as they are in memory, when no dependency may have
+    changed them on the way in), or those an earlier request with the key made."""
+    if created and not any(r.dependency for r in requests):
+        for job in jobs:
+            job._prefetched_objects_cache = {"attempts": []}
+    else:
+        jobs = list(jobs_by_id(j.pk for j in jobs))
+    rows = JobSerializer(jobs, many=True).data
     return {"count": len(rows), "jobs": rows}
 
 
