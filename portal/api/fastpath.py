@@ -114,8 +114,8 @@ def claim(environ: dict[str, Any]) -> tuple[str | None, str]:
         return None, ""
     if not 0 < int(length) <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE or settings.USE_X_FORWARDED_HOST:
         return None, ""
-    if settings.SECURE_SSL_REDIRECT and environ.get("wsgi.url_scheme") != "https":
-        return None, ""
+    if settings.SECURE_SSL_REDIRECT and not secure(environ):
+        return None, ""  # Django redirects it to HTTPS
     host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
     domain, _ = split_domain_port(host)
     allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
@@ -124,8 +124,21 @@ def claim(environ: dict[str, Any]) -> tuple[str | None, str]:
     return kind, charset
 
 
+def secure(environ: dict[str, Any]) -> bool:
+    """Whether the request came over HTTPS, as Django decides it (``HttpRequest.scheme``)."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        header, value = settings.SECURE_PROXY_SSL_HEADER
+        forwarded = environ.get(header)
+        if forwarded is not None:
+            return forwarded.split(",", 1)[0].strip() == value
+    return environ.get("wsgi.url_scheme") == "https"
+
+
 def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Answer | None:
-    found = bearer(environ["HTTP_AUTHORIZATION"])
+    try:
+        found = bearer(environ["HTTP_AUTHORIZATION"])
+    except (OperationalError, InterfaceError):
+        return None  # the database is away: Django answers 503
     if found is None or not found.has_scope(Scope.SUBMIT):
         return None  # Django answers 401 or 403
     user = found.user
@@ -152,13 +165,15 @@ def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Ans
                 data = submitted_batch(jobs, created, requests)
         except (OperationalError, InterfaceError):
             away = database_unavailable(SimpleNamespace(method="POST", path=environ["PATH_INFO"]))
-            return _django(away, kind)
+            return _django(away, secure(environ))
         except Exception as exc:
             response = handle_exception(exc, {})
             if response is None:
                 raise
-            return _answer(response.status_code, response.data, kind, response.headers.items())
-        return _answer(201 if created else 200, data, kind)
+            return _answer(
+                response.status_code, response.data, kind, secure(environ), response.headers.items()
+            )
+        return _answer(201 if created else 200, data, kind, secure(environ))
     finally:
         if slot is not None:
             slots.release(slot)
@@ -211,7 +226,9 @@ def _token_sql() -> str:
     return _SQL["token"]
 
 
-def _answer(status: int, data: Any, kind: str, extra: Iterable[tuple[str, str]] = ()) -> Answer:
+def _answer(
+    status: int, data: Any, kind: str, over_https: bool, extra: Iterable[tuple[str, str]] = ()
+) -> Answer:
     """The body rendered as DRF's ``JSONRenderer`` would, with the headers the view and the
     middleware would add."""
     payload = JSONRenderer().render(data)
@@ -220,21 +237,27 @@ def _answer(status: int, data: Any, kind: str, extra: Iterable[tuple[str, str]] 
         ("Content-Type", "application/json"),
         ("Content-Length", str(len(payload))),
         ("Allow", ALLOW[kind]),
-        *_security_headers(),
+        *_security_headers(over_https),
     ]
     return status, headers, payload
 
 
-def _django(response: Any, kind: str) -> Answer:
+def _django(response: Any, over_https: bool) -> Answer:
     """A Django response (the database's 503) with the headers the middleware would add."""
-    headers = [*response.items(), ("Content-Length", str(len(response.content))), *_security_headers()]
+    length = ("Content-Length", str(len(response.content)))
+    headers = [*response.items(), length, *_security_headers(over_https)]
     return response.status_code, headers, response.content
 
 
-def _security_headers() -> list[tuple[str, str]]:
+def _security_headers(over_https: bool) -> list[tuple[str, str]]:
     """What ``SecurityMiddleware``, ``XFrameOptionsMiddleware`` and ``ContentSecurityPolicy``
     add to an API answer."""
     headers = [("X-Frame-Options", settings.X_FRAME_OPTIONS)]
+    if over_https and settings.SECURE_HSTS_SECONDS:
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        hsts += "; includeSubDomains" if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS else ""
+        hsts += "; preload" if settings.SECURE_HSTS_PRELOAD else ""
+        headers.append(("Strict-Transport-Security", hsts))
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
         headers.append(("X-Content-Type-Options", "nosniff"))
     if settings.SECURE_REFERRER_POLICY:

@@ -21,10 +21,13 @@ def fast_client(api, user):
     return client
 
 
-def test_a_plain_submission_is_answered_by_the_fast_path_as_by_the_view(api, alice):
+@pytest.mark.parametrize("https", [False, True])
+def test_a_plain_submission_is_answered_by_the_fast_path_as_by_the_view(api, alice, settings, https):
+    settings.SECURE_HSTS_SECONDS = 3600  # sent over HTTPS only
     fast, view = fast_client(api, alice), api(alice)
     answers = [
-        client.post(JOBS, json.dumps(job_spec()), content_type="application/json") for client in (fast, view)
+        client.post(JOBS, json.dumps(job_spec()), content_type="application/json", secure=https)
+        for client in (fast, view)
     ]
     assert fast.handler.answered == 1
     assert [a.status_code for a in answers] == [201, 201]
@@ -33,6 +36,7 @@ def test_a_plain_submission_is_answered_by_the_fast_path_as_by_the_view(api, ali
         body.pop("id"), body.pop("ref"), body.pop("submittedAt")
     assert bodies[0] == bodies[1]
     assert sorted(answers[0].headers.items()) == sorted(answers[1].headers.items())
+    assert ("Strict-Transport-Security" in answers[0].headers) is https
     batch = json.dumps({"jobs": [job_spec()] * 3})
     batch = fast.post(JOBS + "/batch", batch, content_type="application/json")
     assert batch.status_code == 201 and batch.json()["count"] == 3
