@@ -74,10 +74,14 @@ class Publisher(threading.Thread):
             items = [self.outbox.get()]
             while not self.outbox.empty():
                 items.append(self.outbox.get())
-            loop.run_until_complete(self._send(items))
-            with self.sent:
-                self.unsent -= len(items)
-                self.sent.notify_all()
+            try:
+                loop.run_until_complete(self._send(items))
+            except Exception:  # the thread outlives any one pass
+                log.warning("live events not delivered", exc_info=True)
+            finally:
+                with self.sent:
+                    self.unsent -= len(items)
+                    self.sent.notify_all()
 
     async def _send(self, items: list[tuple[Any, list[str], dict[str, Any]]]) -> None:
         for layer, groups, payload in items:
