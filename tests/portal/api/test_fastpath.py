@@ -3,10 +3,14 @@ the views would, and leaves everything else to Django."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 
+from foundation import live
 from scheduling.models import Job
 from tests.portal.api.conftest import FastPathHandler, job_spec
 
@@ -69,3 +73,24 @@ def test_what_the_fast_path_leaves_to_django(api, alice, how):
         body = b"apiVersion: orrery/v1\n"
     client.post(how.get("path", JOBS), body, content_type=content_type, **extra)
     assert client.handler.answered == 0
+
+
+async def _received(layer, channel: str) -> dict:
+    return await asyncio.wait_for(layer.receive(channel), 5)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["view", "fast"])
+def test_a_submission_is_published_to_its_project_once_committed(
+    api, alice, queue, fast, django_capture_on_commit_callbacks
+):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(f"project.{queue.project_id}", channel)
+    client = fast_client(api, alice) if fast else api(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(JOBS, json.dumps(job_spec()), content_type="application/json")
+    assert response.status_code == 201
+    assert live.flush()  # the publisher thread has sent it
+    message = async_to_sync(_received)(layer, channel)
+    assert message["event"] == "JobsSubmitted"
+    assert (message["data"]["job_ids"], message["data"]["count"]) == ([response.json()["id"]], 1)
