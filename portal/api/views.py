@@ -66,6 +66,7 @@ from portal.choices import Role, Scope
 from portal.models import ApiToken, Membership
 from portal.selectors import api_tokens, memberships
 from portal.services.tokens import TokenRefused, issue_token, revoke_token
+from scheduling.choices import JobState
 from scheduling.models import Job, Queue
 from scheduling.refs import JobRef
 from scheduling.selectors import (
@@ -298,9 +299,11 @@ def batch_requests(user: Any, data: Any) -> list[JobRequest]:
 
 
 def submitted_batch(jobs: list[Job], created: bool, requests: list[JobRequest]) -> dict[str, Any]:
-    """The answer's body: the jobs made (as they are in memory, when no dependency may have
-    changed them on the way in), or those an earlier request with the key made."""
-    if created and not any(r.dependency for r in requests):
+    """The answer's body: the jobs made (as they are in memory, when nothing changed them on the
+    way in: no dependency, no budget holding them), or those an earlier request with the key
+    made."""
+    pending = all(job.state == JobState.PENDING for job in jobs)
+    if created and pending and not any(r.dependency for r in requests):
         for job in jobs:
             job._prefetched_objects_cache = {"attempts": []}
     else:
