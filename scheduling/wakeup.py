@@ -40,12 +40,28 @@ def _ask() -> None:
     arrived meanwhile (a trailing edge): capacity freed just after a cycle is not left idle
     until the next beat."""
     try:
-        if cache.add(_KEY, 1, timeout=1):
+        if _add(_KEY):
             _send(CYCLE_TASK, expires=5)
-        elif cache.add(f"{_KEY}:trailing", 1, timeout=1):
+        elif _add(f"{_KEY}:trailing"):
             _send(CYCLE_TASK, countdown=0.5, expires=5)
     except Exception:  # the beat runs a cycle every second regardless
         log.warning("could not wake the scheduler early", exc_info=True)
+
+
+_set_until: dict[str, float] = {}  # keys this process added, and until when they surely stay
+
+
+def _add(key: str) -> bool:
+    """``cache.add`` for one second, without asking the cache while this process knows the key is
+    there (it added it less than a second ago): a stream of submissions asks once a second, not
+    twice a request."""
+    now = time.monotonic()
+    if _set_until.get(key, 0.0) > now:
+        return False
+    if cache.add(key, 1, timeout=1):
+        _set_until[key] = now + 1.0  # measured before the cache set it: it outlives this
+        return True
+    return False
 
 
 def wake_sync(cluster_id: int, delay_s: float | None) -> None:

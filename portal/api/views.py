@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -62,10 +62,11 @@ from portal.api.serializers import (
     TokenSerializer,
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
-from portal.choices import Scope
-from portal.models import ApiToken
+from portal.choices import Role, Scope
+from portal.models import ApiToken, Membership
 from portal.selectors import api_tokens, memberships
 from portal.services.tokens import TokenRefused, issue_token, revoke_token
+from scheduling.choices import JobState
 from scheduling.models import Job, Queue
 from scheduling.refs import JobRef
 from scheduling.selectors import (
@@ -81,6 +82,7 @@ from scheduling.selectors import (
     queue_gpu_rows,
 )
 from scheduling.services.jobs import (
+    JobRequest,
     act_on_jobs,
     cancel_job,
     checkpoint_job,
@@ -192,22 +194,52 @@ class JobListView(GenericAPIView):
         responses={201: JobDetailSerializer, 200: JobDetailSerializer, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        spec = parse_job_spec(_document(request.data))
-        queue = submission_queue(request.user, spec.project, spec.queue)
-        requests = build_requests(
-            spec, queue, owner=request.user, privileged=is_privileged_in(request.user, queue)
-        )
-        if len(requests) != 1:
-            raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
+        requests = one_job_requests(request.user, request.data)
         if _flag(request, "dryRun"):
             return Response({"valid": True, "jobs": len(requests), "spec": requests[0].spec})
         jobs, created = submit_jobs(requests, actor=request.user, idempotency_key=_idempotency_key(request))
-        if created:  # a new job has no attempts yet, and carries its owner, project and queue
-            job = jobs[0]
-            job._prefetched_objects_cache = {"attempts": []}
-        else:
-            job = jobs_by_id([jobs[0].pk]).get()
-        return Response(JobDetailSerializer(job).data, status=201 if created else 200)
+        return Response(submitted_job(jobs[0], created, requests[0]), status=201 if created else 200)
+
+
+def one_job_requests(user: Any, data: Any) -> list[JobRequest]:
+    """``POST jobs``: the one job a document asks for, checked (``SpecError``, ``InputError``,
+    ``ParseError``). The view and the WSGI fast path (``portal.api.fastpath``) both use it."""
+    spec = parse_job_spec(_document(data))
+    queue, privileged = _queue_of(user, spec.project, spec.queue)
+    requests = build_requests(spec, queue, owner=user, privileged=privileged)
+    if len(requests) != 1:
+        raise InputError([("spec.array", "submit arrays to jobs/batch")], "Invalid job spec.")
+    return requests
+
+
+def submitted_job(job: Job, created: bool, request: JobRequest) -> dict[str, Any]:
+    """The answer's body: the job made, or the one an earlier request with the key made."""
+    context = {}
+    if created:  # a new job has no attempts yet, and carries its owner, project and queue
+        job._prefetched_objects_cache = {"attempts": []}
+        if not request.dependency:
+            context["no_dependencies"] = True  # nothing to read back
+    else:
+        job = jobs_by_id([job.pk]).get()
+    return JobDetailSerializer(job, context=context).data
+
+
+def _queue_of(user: Any, project: str | None, queue: str, *, path: str = "") -> tuple[Queue, bool]:
+    """``submission_queue`` and ``is_privileged_in`` (the queue a spec names, if the user may
+    submit to it; whether they may pass its limits for members): one query for a member who
+    names the project, those functions for anyone else and for every refusal."""
+    if project is not None and not user.is_staff:
+        managers = Membership.objects.filter(user=user, project_id=OuterRef("project_id"), role=Role.MANAGER)
+        found = (
+            Queue.objects.select_related("project")
+            .filter(project__name=project, name=queue, project__memberships__user=user)
+            .annotate(submitter_manages=Exists(managers))
+            .first()
+        )
+        if found is not None:
+            return found, found.submitter_manages
+    chosen = submission_queue(user, project, queue, path=path)
+    return chosen, is_privileged_in(user, chosen)
 
 
 class JobBatchView(APIView):
@@ -223,46 +255,61 @@ class JobBatchView(APIView):
         responses={201: JobSerializer(many=True), 200: JobSerializer(many=True), **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        data = request.data
-        documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
-        if not isinstance(documents, list) or not documents:
-            raise InputError([("jobs", "must be a non-empty list of job specs")])
-        if len(documents) > MAX_BATCH:
-            raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
-        errors: list[tuple[str, str]] = []
-        requests = []
-        queues: dict[tuple[str | None, str], Queue] = {}  # specs of a batch mostly share these
-        privileged: dict[int, bool] = {}
-        models: dict[str, Any] = {}
-        for i, document in enumerate(documents):
-            try:
-                spec = parse_job_spec(document, path=f"jobs[{i}]")
-                if (spec.project, spec.queue) not in queues:
-                    queues[spec.project, spec.queue] = submission_queue(
-                        request.user, spec.project, spec.queue, path=f"jobs[{i}]"
-                    )
-                queue = queues[spec.project, spec.queue]
-                if queue.pk not in privileged:
-                    privileged[queue.pk] = is_privileged_in(request.user, queue)
-                requests += build_requests(
-                    spec,
-                    queue,
-                    owner=request.user,
-                    path=f"jobs[{i}]",
-                    models=models,
-                    privileged=privileged[queue.pk],
-                )
-            except SpecError as exc:
-                errors += exc.errors
-            if len(requests) > MAX_BATCH_JOBS:
-                raise InputError([("jobs", f"a batch makes at most {MAX_BATCH_JOBS} jobs (arrays included)")])
-        if errors:
-            raise SpecError(errors)
+        requests = batch_requests(request.user, request.data)
         jobs, created = submit_jobs(
             requests, actor=request.user, idempotency_key=_idempotency_key(request), batch=True
         )
-        rows = JobSerializer(jobs_by_id(j.pk for j in jobs), many=True).data
-        return Response({"count": len(rows), "jobs": rows}, status=201 if created else 200)
+        return Response(submitted_batch(jobs, created, requests), status=201 if created else 200)
+
+
+def batch_requests(user: Any, data: Any) -> list[JobRequest]:
+    """``POST jobs/batch``: the jobs of every spec of a batch, checked; one error lists every
+    spec's faults. The lookups are made once per batch (specs of a batch mostly share them)."""
+    documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
+    if not isinstance(documents, list) or not documents:
+        raise InputError([("jobs", "must be a non-empty list of job specs")])
+    if len(documents) > MAX_BATCH:
+        raise InputError([("jobs", f"at most {MAX_BATCH} specs per batch; use spec.array for sweeps")])
+    errors: list[tuple[str, str]] = []
+    requests: list[JobRequest] = []
+    queues: dict[tuple[str | None, str], tuple[Queue, bool]] = {}  # and may the user pass its limits
+    models: dict[Any, Any] = {}
+    for i, document in enumerate(documents):
+        try:
+            spec = parse_job_spec(document, path=f"jobs[{i}]")
+            named = (spec.project, spec.queue)
+            if named not in queues:
+                queues[named] = _queue_of(user, spec.project, spec.queue, path=f"jobs[{i}]")
+            queue, privileged = queues[named]
+            requests += build_requests(
+                spec,
+                queue,
+                owner=user,
+                path=f"jobs[{i}]",
+                models=models,
+                privileged=privileged,
+            )
+        except SpecError as exc:
+            errors += exc.errors
+        if len(requests) > MAX_BATCH_JOBS:
+            raise InputError([("jobs", f"a batch makes at most {MAX_BATCH_JOBS} jobs (arrays included)")])
+    if errors:
+        raise SpecError(errors)
+    return requests
+
+
+def submitted_batch(jobs: list[Job], created: bool, requests: list[JobRequest]) -> dict[str, Any]:
+    """The answer's body: the jobs made (as they are in memory, when nothing changed them on the
+    way in: no dependency, no budget holding them), or those an earlier request with the key
+    made."""
+    pending = all(job.state == JobState.PENDING for job in jobs)
+    if created and pending and not any(r.dependency for r in requests):
+        for job in jobs:
+            job._prefetched_objects_cache = {"attempts": []}
+    else:
+        jobs = list(jobs_by_id(j.pk for j in jobs))
+    rows = JobSerializer(jobs, many=True).data
+    return {"count": len(rows), "jobs": rows}
 
 
 class JobDetailView(APIView):
@@ -758,7 +805,11 @@ def _flag(request: Request, name: str) -> bool:
 
 
 def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("Idempotency-Key")
+    return idempotency_key(request.headers.get("Idempotency-Key"))
+
+
+def idempotency_key(key: str | None) -> str | None:
+    """The header's key, stripped; ``InputError`` for one no key can be."""
     if key is None:
         return None
     key = key.strip()

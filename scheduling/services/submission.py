@@ -49,12 +49,20 @@ def build_requests(
     clusters = list(spec.clusters)
     selector = dict(spec.node_selector)
     if spec.image and not errors:
-        clusters, labels, refusal = image_clusters(spec.clusters)
+        key = ("images", tuple(spec.clusters))
+        if key not in models:
+            models[key] = image_clusters(spec.clusters)
+        clusters, labels, refusal = models[key]
+        clusters = list(clusters)
         selector |= {label: "podman" for label in labels}  # only the nodes that run images
         if refusal:
             errors.append((f"{p}spec.image", refusal))
     elif not errors:
-        clusters, refusal = command_clusters(spec.clusters)
+        key = ("commands", tuple(spec.clusters))
+        if key not in models:
+            models[key] = command_clusters(spec.clusters)
+        clusters, refusal = models[key]
+        clusters = list(clusters)
         if refusal:
             errors.append((f"{p}spec.image", refusal))
     if not errors:
@@ -158,7 +166,7 @@ def resolve_gpus(
             return None, [], [(where, f"unknown GPU model '{spec.gpus.model}'")]
         if spec.gpus.mig or spec.gpu_memory_mb or spec.gpu_share:
             return gpu_model, [], _fraction_refusals(spec, gpu_model, path)
-        fits = _nodes_that_fit(gpu_model, spec.gpus.count)
+        fits = _nodes_that_fit(gpu_model, spec.gpus.count, memo)
         if fits >= spec.nodes:
             return gpu_model, [], []
         most = max(gpu_capacity_histogram(gpu_model.pk) or {0: 0})
@@ -181,7 +189,7 @@ def resolve_gpus(
     if ("catalog",) not in memo:
         memo[("catalog",)] = list(GpuModel.objects.order_by("slug"))
     candidates = allowed or memo[("catalog",)]
-    fits = max((_nodes_that_fit(m, spec.gpus.count) for m in candidates), default=0)
+    fits = max((_nodes_that_fit(m, spec.gpus.count, memo) for m in candidates), default=0)
     if fits < spec.nodes:
         which = f"any of {', '.join(m.slug for m in allowed)}" if allowed else "any model"
         most = max((max(gpu_capacity_histogram(m.pk) or {0: 0}) for m in candidates), default=0)
@@ -222,9 +230,13 @@ def _fraction_refusals(spec: JobSpec, gpu_model: GpuModel, path: str) -> list[tu
     return [(f"{p}spec.resources.{field}", why)]
 
 
-def _nodes_that_fit(gpu_model: GpuModel, count: int) -> int:
-    """How many nodes of the fleet, whatever their state, have ``count`` GPUs of the model."""
-    return sum(n for gpus, n in gpu_capacity_histogram(gpu_model.pk).items() if gpus >= count)
+def _nodes_that_fit(gpu_model: GpuModel, count: int, memo: dict[Any, Any]) -> int:
+    """How many nodes of the fleet, whatever their state, have ``count`` GPUs of the model
+    (the fleet's histogram read once per batch)."""
+    key = ("histogram", gpu_model.pk)
+    if key not in memo:
+        memo[key] = gpu_capacity_histogram(gpu_model.pk)
+    return sum(n for gpus, n in memo[key].items() if gpus >= count)
 
 
 def queue_limit_errors(

@@ -1,18 +1,28 @@
 """Fixtures of the API tests: a bearer-token client per user, a small fleet, two projects.
 
 The cache is the real Redis of ``make test``: submission caches the fleet's GPU capacity there
-and DRF counts throttled requests there, so every test starts and ends with an empty cache."""
+and DRF counts throttled requests there, so every test starts and ends with an empty cache.
+
+The tests of modules that submit jobs run twice: through Django's views (``django``, as under
+ASGI) and through the WSGI fast path the production server puts in front of them (``fast``,
+``portal.api.fastpath``), so one suite holds both to the same answers."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.core.handlers.wsgi import WSGIRequest
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.http import HttpResponse
+from rest_framework.test import APIClient
 
+from portal.api.fastpath import SubmissionFastPath
 from tests.factories import make_cluster, make_job, make_node, make_project, make_queue
 
 VALID_SPEC: dict[str, Any] = {
@@ -29,6 +39,82 @@ VALID_SPEC: dict[str, Any] = {
 
 
 DELETE = object()
+
+# The modules whose tests submit jobs (POST jobs, jobs/batch): they run on both paths.
+SUBMITTING = {
+    "test_accounts",
+    "test_budgets",
+    "test_fairness",
+    "test_fuzz",
+    "test_jobs_any_model",
+    "test_jobs_arrays",
+    "test_jobs_batch",
+    "test_jobs_dependency",
+    "test_jobs_fine_grained",
+    "test_jobs_submit",
+    "test_parsers",
+    "test_policy",
+    "test_redis_away",
+    "test_scopes",
+    "test_throttling",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if "submission_path" in metafunc.fixturenames and module in SUBMITTING:
+        metafunc.parametrize("submission_path", ["django", "fast"])
+
+
+@pytest.fixture
+def submission_path() -> str:
+    return "django"
+
+
+class FastPathHandler:
+    """The test client's handler behind the submission fast path, as ``portal.wsgi`` puts it:
+    what the fast path answers becomes the response; the rest goes to Django's handler."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+        self.fast = SubmissionFastPath(None)  # type: ignore[arg-type]
+        self.answered = 0
+
+    def __call__(self, environ: dict[str, Any]) -> Any:
+        # As Django's test handler does: a test's transaction must outlive its requests.
+        request_started.disconnect(close_old_connections)
+        request_finished.disconnect(close_old_connections)
+        try:
+            answer = self.fast.answer(environ)
+        finally:
+            request_started.connect(close_old_connections)
+            request_finished.connect(close_old_connections)
+        if answer is None:
+            return self.handler(environ)
+        self.answered += 1
+        status, headers, payload = answer
+        response = HttpResponse(payload, status=status)
+        for name, value in headers:
+            response[name] = value
+        response.wsgi_request = WSGIRequest(environ)
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handler, name)
+
+
+@pytest.fixture
+def api(api: Callable[..., APIClient], submission_path: str) -> Callable[..., APIClient]:
+    """``api(alice)``: as everywhere, and on the ``fast`` path through the fast path."""
+    if submission_path == "django":
+        return api
+
+    def make(*args: Any, **kwargs: Any) -> APIClient:
+        client = api(*args, **kwargs)
+        client.handler = FastPathHandler(client.handler)
+        return client
+
+    return make
 
 
 def job_spec(**changes: Any) -> dict[str, Any]:

@@ -1,0 +1,96 @@
+"""The WSGI fast path for submission (``portal.api.fastpath``): it answers plain submissions as
+the views would, and leaves everything else to Django."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from foundation import live
+from scheduling.models import Job
+from tests.portal.api.conftest import FastPathHandler, job_spec
+
+pytestmark = pytest.mark.usefixtures("fleet", "queue")
+
+JOBS = "/api/v1/jobs"
+
+
+def fast_client(api, user):
+    client = api(user)
+    client.handler = FastPathHandler(client.handler)
+    return client
+
+
+@pytest.mark.parametrize("https", [False, True])
+def test_a_plain_submission_is_answered_by_the_fast_path_as_by_the_view(api, alice, settings, https):
+    settings.SECURE_HSTS_SECONDS = 3600  # sent over HTTPS only
+    fast, view = fast_client(api, alice), api(alice)
+    answers = [
+        client.post(JOBS, json.dumps(job_spec()), content_type="application/json", secure=https)
+        for client in (fast, view)
+    ]
+    assert fast.handler.answered == 1
+    assert [a.status_code for a in answers] == [201, 201]
+    bodies = [a.json() for a in answers]
+    for body in bodies:
+        body.pop("id"), body.pop("ref"), body.pop("submittedAt")
+    assert bodies[0] == bodies[1]
+    assert sorted(answers[0].headers.items()) == sorted(answers[1].headers.items())
+    assert ("Strict-Transport-Security" in answers[0].headers) is https
+    batch = json.dumps({"jobs": [job_spec()] * 3})
+    batch = fast.post(JOBS + "/batch", batch, content_type="application/json")
+    assert batch.status_code == 201 and batch.json()["count"] == 3
+    assert fast.handler.answered == 2
+    assert Job.objects.count() == 5
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"path": JOBS + "?dryRun=true"},
+        {"content_type": "application/yaml"},
+        {"body": b"{not json"},
+        {"body": json.dumps(job_spec(spec__resources__gpus="h100:99")).encode()},
+        {"token": "Bearer orr_nothing"},
+        {"idempotency": "\x01"},
+    ],
+    ids=["query", "yaml", "malformed", "refused-spec", "bad-token", "bad-key"],
+)
+def test_what_the_fast_path_leaves_to_django(api, alice, how):
+    client = fast_client(api, alice)
+    body = how.get("body", json.dumps(job_spec()).encode())
+    extra = {}
+    if "token" in how:
+        client.credentials(HTTP_AUTHORIZATION=how["token"])
+    if "idempotency" in how:
+        extra["HTTP_IDEMPOTENCY_KEY"] = how["idempotency"]
+    content_type = how.get("content_type", "application/json")
+    if content_type == "application/yaml":
+        body = b"apiVersion: orrery/v1\n"
+    client.post(how.get("path", JOBS), body, content_type=content_type, **extra)
+    assert client.handler.answered == 0
+
+
+async def _received(layer, channel: str) -> dict:
+    return await asyncio.wait_for(layer.receive(channel), 5)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["view", "fast"])
+def test_a_submission_is_published_to_its_project_once_committed(
+    api, alice, queue, fast, django_capture_on_commit_callbacks
+):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(f"project.{queue.project_id}", channel)
+    client = fast_client(api, alice) if fast else api(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(JOBS, json.dumps(job_spec()), content_type="application/json")
+    assert response.status_code == 201
+    assert live.flush()  # the publisher thread has sent it
+    message = async_to_sync(_received)(layer, channel)
+    assert message["event"] == "JobsSubmitted"
+    assert (message["data"]["job_ids"], message["data"]["count"]) == ([response.json()["id"]], 1)
