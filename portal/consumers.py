@@ -35,11 +35,13 @@ one interval, so a thousand pages reconnecting after a deploy do not check in lo
 
 Cost: per open socket and interval, one session read (a primary-key row of ``django_session``,
 or one Redis GET with cache sessions), one user by primary key, and one access query (the
-user's memberships, or the job joined to them) — three indexed lookups. A thousand open sockets
-make about a thousand such queries a second (some 0.1–0.3 ms each on PostgreSQL), run on
-Channels' one database thread; ``recheck_s`` trades that load against how long a revoked user
-keeps listening. With signed-cookie sessions there is no server-side session to find gone, so a
-logout is not seen; everything else is.
+user's memberships, or the job joined to them) — three indexed lookups, made in one trip to
+Channels' one database thread (each trip costs a hand-over between threads and a connection
+health check on top of the queries). A thousand open sockets make about a thousand such queries
+and 333 trips a second (``benchmarks/websockets.py`` measures what that leaves for delivery);
+``recheck_s`` trades that load against how long a revoked user keeps listening. With
+signed-cookie sessions there is no server-side session to find gone, so a logout is not seen;
+everything else is.
 
 **Redis faults.** The channel layer (``foundation.live.RedisChannelLayer``) keeps receiving
 through a Redis restart instead of failing the socket. A flush or a restart empties the group
@@ -149,8 +151,21 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.joined_at = asyncio.get_running_loop().time()
 
     async def authorise(self) -> list[str] | None:
-        """The groups this user may hear; ``None`` refuses the connection."""
+        """The groups ``self.user`` may hear; ``None`` refuses the connection."""
+        return await database_sync_to_async(self.groups_for)(self.user)
+
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
+        """The groups ``user`` may hear on this socket, read from the database now (on Channels'
+        database thread); ``None`` when it may hear nothing here."""
         raise NotImplementedError
+
+    def _reauthorise(self, session_key: str | None) -> tuple[AbstractBaseUser | None, list[str] | None]:
+        """The session's user read afresh and the groups it may hear, in one trip to the database
+        thread (a recheck of every open socket every few seconds: the trips are the cost)."""
+        user = _session_user(session_key)
+        if user is None or user.pk != self.user.pk:
+            return None, None
+        return user, self.groups_for(user)
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return True
@@ -186,11 +201,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _recheck(self) -> int | None:
         """Read the session and the user afresh and decide access again; join and leave groups
         to match. Returns the close code when the socket must close, None when it may stay."""
-        user = await database_sync_to_async(_session_user)(self.session_key)
-        if user is None or user.pk != self.user.pk:
+        user, groups = await database_sync_to_async(self._reauthorise)(self.session_key)
+        if user is None:
             return SIGNED_OUT
-        self.user = user  # authorise() decides with what the database says now
-        groups = await self.authorise()
+        self.user = user  # access was decided with what the database says now
         if groups is None:
             return NOT_FOUND
         for group in set(self.live_groups) - set(groups):
@@ -251,8 +265,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 class JobsConsumer(LiveConsumer):
     """``/ws/jobs/``: every job of the projects the user belongs to (operators: all)."""
 
-    async def authorise(self) -> list[str] | None:
-        self.projects = set(await database_sync_to_async(_project_ids)(self.user))
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
+        self.projects = set(visible_projects(user).values_list("pk", flat=True))
         return [f"project.{p}" for p in sorted(self.projects)]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
@@ -262,9 +276,9 @@ class JobsConsumer(LiveConsumer):
 class JobConsumer(LiveConsumer):
     """``/ws/jobs/<id>/``: one job, for those who may open its page."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        project = await database_sync_to_async(_job_project)(self.user, job_id)
+        project = _job_project(user, job_id)
         if project is None:
             return None
         self.job_id, self.project = job_id, project
@@ -279,7 +293,7 @@ class JobConsumer(LiveConsumer):
 class FleetConsumer(LiveConsumer):
     """``/ws/fleet/``: node state changes across the fleet (nodes are not project data)."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         return ["fleet"]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
@@ -289,9 +303,9 @@ class FleetConsumer(LiveConsumer):
 class ClusterConsumer(LiveConsumer):
     """``/ws/clusters/<name>/``: one cluster's node state changes."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         name = self.scope["url_route"]["kwargs"]["name"]
-        cluster = await database_sync_to_async(cluster_by_name)(name)
+        cluster = cluster_by_name(name)
         if cluster is None:
             return None
         self.cluster_id = cluster.pk
@@ -299,10 +313,6 @@ class ClusterConsumer(LiveConsumer):
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return data.get("cluster_id") == self.cluster_id
-
-
-def _project_ids(user: Any) -> list[int]:
-    return list(visible_projects(user).values_list("pk", flat=True))
 
 
 def _job_project(user: Any, job_id: int) -> int | None:
