@@ -3,10 +3,19 @@
 Each consumer authenticates with the session (``AuthMiddlewareStack``; the ASGI app also checks
 the Origin against ``ALLOWED_HOSTS``), decides what the user may see, joins the channel-layer
 groups of that, and then **coalesces**: events that arrive are folded into one pending delta
-(job id → state, node id → state) and sent at most once per second. A subscriber therefore
-never receives raw heartbeats or one message per event, however busy the fleet is. Every event
-is checked against what this subscriber may see before it is folded in, so a user never hears
-of another project's job. A client that reconnects resynchronises from REST (``portal/live.js``).
+(job id → its latest state, node id → its latest state, a count of new jobs) and sent at most
+once per ``flush_s`` (1 s). A subscriber therefore never receives raw heartbeats or one message
+per event, however busy the fleet is, and nothing the page needs is lost: a later state of the
+same job or node replaces the earlier one, and every id folded in is in the next message. Every
+event is checked against what this subscriber may see before it is folded in, so a user never
+hears of another project's job. A client that reconnects resynchronises from REST
+(``portal/live.js``).
+
+**When a delta is sent.** The first event after a quiet spell is sent ``settle_s`` (50 ms)
+later, so that one burst (a scheduling cycle's events, a lifecycle pass) is one message; events
+that arrive within ``flush_s`` of the last message wait for ``flush_s`` after it. A quiet socket
+has no timer. On a busy channel (more than one event a second) an event therefore waits between
+0 and ``flush_s`` (uniformly, half of it on average) before it leaves; on a quiet one, 50 ms.
 
 **Re-authorisation.** Nothing decided at connect is trusted for long: every ``recheck_s``
 (3 s) the consumer reads the session again by its key from the session store and the user
@@ -26,11 +35,13 @@ one interval, so a thousand pages reconnecting after a deploy do not check in lo
 
 Cost: per open socket and interval, one session read (a primary-key row of ``django_session``,
 or one Redis GET with cache sessions), one user by primary key, and one access query (the
-user's memberships, or the job joined to them) — three indexed lookups. A thousand open sockets
-make about a thousand such queries a second (some 0.1–0.3 ms each on PostgreSQL), run on
-Channels' one database thread; ``recheck_s`` trades that load against how long a revoked user
-keeps listening. With signed-cookie sessions there is no server-side session to find gone, so a
-logout is not seen; everything else is.
+user's memberships, or the job joined to them) — three indexed lookups, made in one trip to
+Channels' one database thread (each trip costs a hand-over between threads and a connection
+health check on top of the queries). A thousand open sockets make about a thousand such queries
+and 333 trips a second (``benchmarks/websockets.py`` measures what that leaves for delivery);
+``recheck_s`` trades that load against how long a revoked user keeps listening. With
+signed-cookie sessions there is no server-side session to find gone, so a logout is not seen;
+everything else is.
 
 **Redis faults.** The channel layer (``foundation.live.RedisChannelLayer``) keeps receiving
 through a Redis restart instead of failing the socket. A flush or a restart empties the group
@@ -76,7 +87,8 @@ from portal.access import access_job, visible_projects
 
 log = logging.getLogger(__name__)
 
-FLUSH_S = 1.0
+FLUSH_S = 1.0  # at most one message per socket this often
+SETTLE_S = 0.05  # the first event after a quiet spell waits this long for the rest of its burst
 RECHECK_S = 3.0
 REJOIN_S = 3600.0  # renew group memberships this often (channels-redis expires them after a day)
 
@@ -87,7 +99,8 @@ REDIS_LOST = 4503  # Redis lost the groups (flush, restart): reconnect and resyn
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
-    flush_s = FLUSH_S
+    flush_s = FLUSH_S  # tests may lower these on the class
+    settle_s = SETTLE_S
     recheck_s = RECHECK_S  # session, user and access are read again this often: a revoked user
     # stops hearing within this time, without reconnecting (tests may lower it on the class)
     rejoin_s = REJOIN_S
@@ -102,6 +115,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.jobs: dict[int, str] = {}
         self.nodes: dict[int, str] = {}
         self.new_jobs = 0
+        self.flusher: asyncio.Task | None = None  # the pending delta's send, while one is due
+        self.sent_at = -self.flush_s  # loop time of the last delta sent
+        self.hearing = True  # False once access is gone: nothing more is folded in or sent
         groups = await self.authorise()
         if groups is None:
             await self.close(code=NOT_FOUND)
@@ -116,7 +132,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         await self.send_json({"type": "hello", "groups": len(groups)})
-        self.flusher = asyncio.ensure_future(self._flush_forever())
         self.rechecker = asyncio.ensure_future(self._recheck_forever())
 
     async def disconnect(self, code: int) -> None:
@@ -136,16 +151,37 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.joined_at = asyncio.get_running_loop().time()
 
     async def authorise(self) -> list[str] | None:
-        """The groups this user may hear; ``None`` refuses the connection."""
+        """The groups ``self.user`` may hear; ``None`` refuses the connection."""
+        return await database_sync_to_async(self.groups_for)(self.user)
+
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
+        """The groups ``user`` may hear on this socket, read from the database now (on Channels'
+        database thread); ``None`` when it may hear nothing here."""
         raise NotImplementedError
+
+    def _reauthorise(self, session_key: str | None) -> tuple[AbstractBaseUser | None, list[str] | None]:
+        """The session's user read afresh and the groups it may hear, in one trip to the database
+        thread (a recheck of every open socket every few seconds: the trips are the cost)."""
+        user = _session_user(session_key)
+        if user is None or user.pk != self.user.pk:
+            return None, None
+        return user, self.groups_for(user)
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return True
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event, data = message["event"], message["data"]
-        if not self.allowed(event, data):
+        if not self.hearing or not self.allowed(event, data):
             return
+        self._fold(event, data)
+        if self.flusher is None and (self.jobs or self.nodes or self.new_jobs):
+            loop = asyncio.get_running_loop()
+            due = max(loop.time() + self.settle_s, self.sent_at + self.flush_s)
+            self.flusher = asyncio.ensure_future(self._flush_at(due))
+
+    def _fold(self, event: str, data: dict[str, Any]) -> None:
+        """Fold one event into the pending delta: a later state of an id replaces an earlier one."""
         if event == "JobStateChanged":
             self.jobs[data["job_id"]] = data["to_state"]
         elif event in ("JobsChanged", "JobsScheduled", "JobsSubmitted"):
@@ -165,11 +201,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _recheck(self) -> int | None:
         """Read the session and the user afresh and decide access again; join and leave groups
         to match. Returns the close code when the socket must close, None when it may stay."""
-        user = await database_sync_to_async(_session_user)(self.session_key)
-        if user is None or user.pk != self.user.pk:
+        user, groups = await database_sync_to_async(self._reauthorise)(self.session_key)
+        if user is None:
             return SIGNED_OUT
-        self.user = user  # authorise() decides with what the database says now
-        groups = await self.authorise()
+        self.user = user  # access was decided with what the database says now
         if groups is None:
             return NOT_FOUND
         for group in set(self.live_groups) - set(groups):
@@ -207,26 +242,31 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 log.exception("live socket recheck failed; closing")
                 code = RECHECK_FAILED
             if code is not None:
-                # Stop the flusher first: nothing pending is sent once access is gone.
-                self.flusher.cancel()
+                # Stop hearing first: nothing pending, and nothing arriving, is sent once access is gone.
+                self.hearing = False
+                if self.flusher is not None:
+                    self.flusher.cancel()
+                self.jobs, self.nodes, self.new_jobs = {}, {}, 0
                 await self.close(code=code)
                 return
             await asyncio.sleep(self.recheck_s)
 
-    async def _flush_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
-            if self.jobs or self.nodes or self.new_jobs:
-                delta = {"type": "delta", "jobs": self.jobs, "nodes": self.nodes, "newJobs": self.new_jobs}
-                self.jobs, self.nodes, self.new_jobs = {}, {}, 0
-                await self.send_json(delta)
+    async def _flush_at(self, due: float) -> None:
+        """Send the pending delta at loop time ``due``; events folded in meanwhile go with it."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(due - loop.time(), 0))
+        delta = {"type": "delta", "jobs": self.jobs, "nodes": self.nodes, "newJobs": self.new_jobs}
+        self.jobs, self.nodes, self.new_jobs = {}, {}, 0
+        # Cleared before the send: an event that arrives while it is written waits for the next one.
+        self.flusher, self.sent_at = None, loop.time()
+        await self.send_json(delta)
 
 
 class JobsConsumer(LiveConsumer):
     """``/ws/jobs/``: every job of the projects the user belongs to (operators: all)."""
 
-    async def authorise(self) -> list[str] | None:
-        self.projects = set(await database_sync_to_async(_project_ids)(self.user))
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
+        self.projects = set(visible_projects(user).values_list("pk", flat=True))
         return [f"project.{p}" for p in sorted(self.projects)]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
@@ -236,9 +276,9 @@ class JobsConsumer(LiveConsumer):
 class JobConsumer(LiveConsumer):
     """``/ws/jobs/<id>/``: one job, for those who may open its page."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        project = await database_sync_to_async(_job_project)(self.user, job_id)
+        project = _job_project(user, job_id)
         if project is None:
             return None
         self.job_id, self.project = job_id, project
@@ -253,7 +293,7 @@ class JobConsumer(LiveConsumer):
 class FleetConsumer(LiveConsumer):
     """``/ws/fleet/``: node state changes across the fleet (nodes are not project data)."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         return ["fleet"]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
@@ -263,9 +303,9 @@ class FleetConsumer(LiveConsumer):
 class ClusterConsumer(LiveConsumer):
     """``/ws/clusters/<name>/``: one cluster's node state changes."""
 
-    async def authorise(self) -> list[str] | None:
+    def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
         name = self.scope["url_route"]["kwargs"]["name"]
-        cluster = await database_sync_to_async(cluster_by_name)(name)
+        cluster = cluster_by_name(name)
         if cluster is None:
             return None
         self.cluster_id = cluster.pk
@@ -273,10 +313,6 @@ class ClusterConsumer(LiveConsumer):
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return data.get("cluster_id") == self.cluster_id
-
-
-def _project_ids(user: Any) -> list[int]:
-    return list(visible_projects(user).values_list("pk", flat=True))
 
 
 def _job_project(user: Any, job_id: int) -> int | None:
