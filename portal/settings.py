@@ -194,7 +194,14 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "foundation.live.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, **_CHANNEL_REDIS}]},
+            # All sockets of one Daphne process share one Redis list ("specific.…!"); at the
+            # layer's default of 100 unread messages a process 100 events behind silently loses
+            # the newest for every socket on it. A longer list turns that loss into latency,
+            # which the consumers' coalescing absorbs (messages still expire after 60 s).
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, **_CHANNEL_REDIS}],
+                "channel_capacity": {"specific.*": 10_000},
+            },
         }
     }
 else:
