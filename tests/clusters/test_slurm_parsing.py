@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from clusters.adapters.slurm.accounts import (
     output_path,
     read_tail,
 )
-from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv, work_gres
+from clusters.adapters.slurm.adapter import (
+    batch_script,
+    parse_squeue_line,
+    remote_state,
+    sbatch_argv,
+    work_gres,
+)
 from clusters.adapters.slurm.api import (
     SlurmError,
     decode_exit,
@@ -207,6 +214,35 @@ def test_only_a_running_job_can_pass_its_time_limit(state, expected):
 def test_slurm_jobs_in_neutral_terms(job, phase, exit_code, message):
     state = remote_state("a", {"job_id": 7, **job})
     assert (state.phase, state.exit_code, state.message, state.remote_id) == (phase, exit_code, message, "7")
+
+
+def test_squeue_lines_read_as_slurmrestd_gives_the_job():
+    """Sync reads ``squeue``; each line becomes the job as slurmrestd would give it, so the same
+    mapping applies. Separators typed into the comment or the name shift no other field."""
+    sep = "\x1f"
+
+    def line(*fields: str) -> str:
+        return "".join(f"{f}{sep}" for f in fields)
+
+    ended = parse_squeue_line(
+        line("42", "FAILED", "768", "2026-12-02T13:18:37", "NonZeroExitCode", "n1", "orrery:t", "0b7c")
+    )
+    assert ended == {
+        "job_id": 42,
+        "job_state": "FAILED",
+        "exit_code": 768,
+        "start_time": int(time.mktime((2026, 12, 2, 13, 18, 37, 0, 0, -1))),  # squeue prints local time
+        "state_reason": "NonZeroExitCode",
+        "nodes": "n1",
+        "comment": "orrery:t",
+        "name": "0b7c",
+    }
+    assert remote_state("0b7c", ended).message == "failed in Slurm (NonZeroExitCode, exit code 3)"
+    pending = parse_squeue_line(line("43", "PENDING", "0", "N/A", "Resources", "", "(null)", "x"))
+    assert (pending["start_time"], pending["comment"], pending["nodes"]) == (0, "", "")
+    tricky = parse_squeue_line(line("44", "RUNNING", "0", "N/A", "None", "n2", f"a{sep}b", "0b7c"))
+    assert (tricky["comment"], tricky["name"], tricky["nodes"]) == (f"a{sep}b", "0b7c", "n2")
+    assert parse_squeue_line("slurm_load_jobs error: Unable to contact slurm controller") is None
 
 
 def _work(**fields) -> Work:
