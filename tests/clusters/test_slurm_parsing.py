@@ -243,6 +243,9 @@ def test_squeue_lines_read_as_slurmrestd_gives_the_job():
     tricky = parse_squeue_line(line("44", "RUNNING", "0", "N/A", "None", "n2", f"a{sep}b", "0b7c"))
     assert (tricky["comment"], tricky["name"], tricky["nodes"]) == (f"a{sep}b", "0b7c", "n2")
     assert parse_squeue_line("slurm_load_jobs error: Unable to contact slurm controller") is None
+    mine = line("45", "RUNNING", "0", "N/A", "None", "n2", "orrery:t", "other")
+    assert parse_squeue_line(mine, lambda name, text: name == "0b7c") is None
+    assert parse_squeue_line(mine, lambda name, text: text == "orrery:t")["job_id"] == 45
 
 
 def _work(**fields) -> Work:

@@ -20,9 +20,9 @@ import os
 import re
 import shlex
 import subprocess
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -140,7 +140,11 @@ class SlurmAdapter:
         name of an attempt not asked about, or a second job under an asked attempt's name, are
         orphans."""
         asked = {w.attempt_id: w for w in works}
-        found, orphans = claim(squeue_jobs(cluster), works, cluster_tag(cluster))
+        tag = cluster_tag(cluster)
+        mark = comment(tag)
+        # Only jobs claim can take (an asked attempt's name, or this cluster's tag) are read whole.
+        listed = squeue_jobs(cluster, lambda name, text: name in asked or text == mark)
+        found, orphans = claim(listed, works, tag)
         states, output = [], []
         accounts: dict[str | None, Account | None] = {}
         for name, slurm_job in found.items():
@@ -302,9 +306,10 @@ _SQUEUE_FIELDS = (
 _SQUEUE_FORMAT = ",".join(f"{field}:{_SEP}" for _, field in _SQUEUE_FIELDS) + f",Comment:{_SEP},Name:{_SEP}"
 
 
-def squeue_jobs(cluster: Cluster) -> list[dict[str, Any]]:
+def squeue_jobs(cluster: Cluster, keep: Callable[[str, str], bool] | None = None) -> list[dict[str, Any]]:
     """Every job Slurm still holds, ended ones included (as slurmrestd's job list has them, with
-    the fields sync reads). Raises ``SlurmError`` when Slurm cannot be asked."""
+    the fields sync reads), or those whose name and comment ``keep`` takes. Raises
+    ``SlurmError`` when Slurm cannot be asked."""
     try:
         done = subprocess.run(
             ["squeue", "-h", "-t", "all", "--noconvert", "-O", _SQUEUE_FORMAT],
@@ -317,30 +322,36 @@ def squeue_jobs(cluster: Cluster) -> list[dict[str, Any]]:
         raise SlurmError(f"squeue could not read the jobs of {cluster.name}: {exc}") from exc
     if done.returncode != 0:
         raise SlurmError(f"squeue could not read the jobs of {cluster.name}: {done.stderr.strip()[:300]}")
-    return [job for line in done.stdout.splitlines() if (job := parse_squeue_line(line)) is not None]
+    return [job for line in done.stdout.splitlines() if (job := parse_squeue_line(line, keep)) is not None]
 
 
-def parse_squeue_line(line: str) -> dict[str, Any] | None:
+def parse_squeue_line(line: str, keep: Callable[[str, str], bool] | None = None) -> dict[str, Any] | None:
     """One line of ``squeue_jobs`` as slurmrestd would give the job (pure); None for a line that
-    is not a job's."""
+    is not a job's, or whose name and comment ``keep`` does not take."""
     parts = line.split(_SEP)
     if len(parts) < len(_SQUEUE_FIELDS) + 3 or not parts[0].strip().isdigit():
         return None
-    job: dict[str, Any] = {key: parts[i].strip() for i, (key, _) in enumerate(_SQUEUE_FIELDS)}
-    job["job_id"] = int(job["job_id"])
-    job["exit_code"] = int(job["exit_code"]) if job["exit_code"].isdigit() else None
-    job["start_time"] = _epoch(job["start_time"])
-    job["nodes"] = "" if job["nodes"] == "(null)" else job["nodes"]
-    comment = _SEP.join(parts[len(_SQUEUE_FIELDS) : -2])
-    job["comment"] = "" if comment == "(null)" else comment
-    job["name"] = parts[-2]
-    return job
+    name, text = parts[-2], _SEP.join(parts[len(_SQUEUE_FIELDS) : -2])
+    text = "" if text == "(null)" else text
+    if keep is not None and not keep(name, text):
+        return None
+    job_id, state, code, start, reason, nodes = (part.strip() for part in parts[: len(_SQUEUE_FIELDS)])
+    return {
+        "job_id": int(job_id),
+        "job_state": state,
+        "exit_code": int(code) if code.isdigit() else None,
+        "start_time": _epoch(start),
+        "state_reason": reason,
+        "nodes": "" if nodes == "(null)" else nodes,
+        "comment": text,
+        "name": name,
+    }
 
 
 def _epoch(text: str) -> int:
     """squeue's local ``2026-12-02T13:18:37`` as epoch seconds; 0 for ``N/A``, ``Unknown``."""
     try:
-        return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+        return int(datetime.fromisoformat(text).timestamp())  # naive: local time, as squeue prints
     except ValueError:
         return 0
 
