@@ -21,7 +21,6 @@ import re
 import shlex
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,9 +44,6 @@ from clusters.choices import ClusterKind
 from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
-# sbatch processes at once in one delivery: each mostly waits on a process start and its RPC to
-# slurmctld, which serves several clients at a time.
-SUBMITTERS = 4
 OUTPUT_TAIL = 1 << 20  # the last MiB of a job's output is copied in at each sync
 
 # Slurm's job states (as ``job_state`` maps them) → the neutral phases. COMPLETING is still
@@ -96,8 +92,9 @@ class SlurmAdapter:
         return collect(cluster)
 
     def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
-        """``sbatch`` the works, ``SUBMITTERS`` at a time, yielding each ``Sent`` as soon as it
-        is known; one already in Slurm (a retried delivery) is found, not submitted again. A work
+        """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known; one already
+        in Slurm (a retried delivery) is found, not submitted again. In turn, in the order the
+        scheduler placed them: Slurm then gives each job on a node the GPUs Orrery chose. A work
         with no account it may run as (``NoAccount``), or asking for what the cluster cannot give
         as set up (``GresRefused``: a shared GPU where no shards are configured), fails at once:
         trying again would not help. Any other failure of one work (a refused ``sbatch``, an
@@ -105,7 +102,7 @@ class SlurmAdapter:
         labels = _node_labels(cluster, works)
         tag = cluster_tag(cluster)
         known = submitted_jobs(cluster, [w.attempt_id for w in works], tag)  # one squeue for all
-        ready = []
+        made: set[tuple[Path, int]] = set()  # output directories this delivery has made
         for work in works:
             if work.attempt_id in known:
                 yield Sent(work.attempt_id, remote_id=known[work.attempt_id])
@@ -117,22 +114,13 @@ class SlurmAdapter:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
                 continue
-            ready.append((work, account, gres))
-        made: set[tuple[Path, int]] = set()  # output directories this delivery has made
-        with ThreadPoolExecutor(SUBMITTERS) as pool:
-            submitting = {
-                pool.submit(submit, cluster, work, account, tag, gres, made): work
-                for work, account, gres in ready
-            }
-            for future in as_completed(submitting):
-                work = submitting[future]
-                try:
-                    remote_id = future.result()
-                except Exception as exc:
-                    log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
-                    yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
-                else:
-                    yield Sent(work.attempt_id, remote_id=remote_id)
+            try:
+                remote_id = submit(cluster, work, account, tag, gres, made)
+            except Exception as exc:
+                log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
+                yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
+            else:
+                yield Sent(work.attempt_id, remote_id=remote_id)
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
         """States, exit codes and output of the asked attempts; a job that vanished from Slurm
