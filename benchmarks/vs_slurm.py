@@ -454,6 +454,15 @@ def _sql(query: str, params: list) -> tuple:
         return cursor.fetchone()
 
 
+def _sql_or_none(query: str, params: list) -> tuple:
+    """``_sql`` for a figure on the side: a failure is printed, not the end of the run."""
+    try:
+        return _sql(query, params)
+    except Exception as exc:
+        print(f"could not measure: {exc}", file=sys.stderr)
+        return (None, None)
+
+
 def orrery_probe(project: str) -> Probe:
     """Jobs of ``project`` not started yet, and GPUs allocated, as Orrery's database has them."""
 
@@ -507,6 +516,51 @@ def orrery_over_slurm(args, env: dict[str, str], api: Api, project: str, jobs, s
         "submit_per_s": round(len(jobs) / submit_s, 1),
         "all_running_s": round(all_running, 1),
         "gpu_utilisation": sampler.utilisation(),
+        **_layer_latency(env, project),
+    }
+
+
+def _layer_latency(env: dict[str, str], project: str) -> dict:
+    """Medians, over the round's jobs, of placed in Orrery → submitted to Slurm, and ended in
+    Slurm → seen ended by Orrery (Slurm's times are whole seconds)."""
+    try:
+        return _latencies(env, project)
+    except Exception as exc:  # a figure on the side: never the end of the run
+        print(f"could not measure the layer's latency: {exc}", file=sys.stderr)
+        return {}
+
+
+def _latencies(env: dict[str, str], project: str) -> dict:
+    from datetime import datetime
+
+    from scheduling.models import JobAttempt
+
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", "%i %V %e"], env=env, capture_output=True, text=True
+    ).stdout
+    slurm = {}
+    for line in out.splitlines():
+        job_id, submitted, ended = line.split(" ")
+        try:
+            slurm[job_id] = (
+                datetime.fromisoformat(submitted).timestamp(),
+                datetime.fromisoformat(ended).timestamp(),
+            )
+        except ValueError:
+            continue
+    placed, seen = [], []
+    for remote_id, created, finished in JobAttempt.objects.filter(job__project__name=project).values_list(
+        "remote_id", "created_at", "finished_at"
+    ):
+        if remote_id in slurm and finished:
+            submitted, ended = slurm[remote_id]
+            placed.append(submitted - created.timestamp())
+            seen.append(finished.timestamp() - ended)
+    if not placed:
+        return {}
+    return {
+        "placed_to_submitted_s": round(statistics.median(placed), 2),
+        "end_to_seen_s": round(statistics.median(seen), 2),
     }
 
 
@@ -543,7 +597,11 @@ def run_overhead(args, say) -> dict:
                     slurm_runs.append(slurm_alone(args, env, jobs, say))
         slurm_runs.append(slurm_alone(args, env, jobs, say))
     for side, runs in (("slurm", slurm_runs), ("orrery_over_slurm", orrery_runs)):
-        result[side] = {key: median_range([run[key] for run in runs]) for key in runs[0]}
+        result[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
         result[f"{side}_runs"] = runs
     result["all_running_ratio"] = round(
         result["orrery_over_slurm"]["all_running_s"]["median"] / result["slurm"]["all_running_s"]["median"], 3
@@ -587,12 +645,22 @@ def orrery_short(args, api: Api, cluster, project: str, jobs, say) -> dict:
         sampler.stop.set()
         sampler.join()
     failed = _sql(live, [project])[1]
+    # Where a job's GPUs wait beyond its run: placed → started (delivery), run over → seen ended.
+    delivered, seen = _sql_or_none(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at)),"
+        " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.finished_at - a.started_at)"
+        " - (j.spec->'sim'->>'durationSeconds')::float) FROM scheduling_jobattempt a"
+        " JOIN scheduling_job j ON j.id = a.job_id JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s",
+        [project],
+    )
     say(f"orrery: {len(jobs)} short jobs in {elapsed:.1f} s ({failed} not succeeded)")
     return {
         "elapsed_s": round(elapsed, 1),
         "completions_per_s": round(len(jobs) / elapsed, 1),
         "gpu_utilisation": sampler.utilisation(),
         "not_completed": failed,
+        "placed_to_started_s": delivered if delivered is None else round(delivered, 3),
+        "end_to_seen_s": seen if seen is None else round(seen, 3),
     }
 
 
@@ -617,7 +685,11 @@ def run_short(args, say) -> dict:
                     slurm_runs.append(slurm_short(args, env, jobs, say))
         slurm_runs.append(slurm_short(args, env, jobs, say))
     for side, runs in (("slurm", slurm_runs), ("orrery", orrery_runs)):
-        result[side] = {key: median_range([run[key] for run in runs]) for key in runs[0]}
+        result[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
         result[f"{side}_runs"] = runs
     result["completions_ratio"] = round(
         result["orrery"]["completions_per_s"]["median"] / result["slurm"]["completions_per_s"]["median"], 3
