@@ -161,12 +161,14 @@ def last_job_id(env: dict[str, str]) -> int:
 
 def slurm_probe(env: dict[str, str], after: int, count: int) -> Probe:
     """Jobs of this round (Slurm ids above ``after``, ``count`` of them, some perhaps not yet
-    submitted) not started yet, and GPUs allocated in Slurm."""
+    submitted) not started yet, and GPUs allocated in Slurm. Started jobs are remembered: Slurm
+    forgets ended ones after ``MinJobAge``."""
+    started: set[int] = set()
 
     def probe() -> tuple[int, int]:
         jobs = squeue(env)
-        started = sum(1 for job_id, state, _ in jobs if job_id > after and state != "PENDING")
-        return count - started, sum(gpus for _, state, gpus in jobs if state in STARTED)
+        started.update(job_id for job_id, state, _ in jobs if job_id > after and state != "PENDING")
+        return count - len(started), sum(gpus for _, state, gpus in jobs if state in STARTED)
 
     return probe
 
