@@ -139,6 +139,10 @@ def slurm_cluster(args, say) -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run([SCRIPT, "down"], env=env, capture_output=True)
+        for _ in range(50):  # slurmctld saves its state as it stops: remove the directory after
+            if subprocess.run(["pgrep", "-f", str(base)], capture_output=True).returncode:
+                break
+            time.sleep(0.2)
         shutil.rmtree(base, ignore_errors=True)
 
 
