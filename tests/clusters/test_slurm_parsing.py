@@ -22,6 +22,7 @@ from clusters.adapters.slurm.accounts import (
 )
 from clusters.adapters.slurm.adapter import (
     batch_script,
+    lanes,
     parse_squeue_line,
     remote_state,
     sbatch_argv,
@@ -248,9 +249,23 @@ def test_squeue_lines_read_as_slurmrestd_gives_the_job():
     assert parse_squeue_line(mine, lambda name, text: text == "orrery:t")["job_id"] == 45
 
 
+def test_works_sharing_a_node_are_submitted_in_one_lane_in_order():
+    """Slurm gives a job on a node the GPUs in submission order: works that share a node (even
+    through a gang on a third) stay in one lane, in placement order; the others may go apart."""
+
+    def on(name: str, *nodes: str):
+        shares = tuple(Share(i, node, (0,)) for i, node in enumerate(nodes))
+        return (_work(attempt_id=name, shares=shares), None, "")
+
+    ready = [on("a", "n1"), on("b", "n2"), on("gang", "n3", "n1"), on("c", "n3"), on("d", "n4")]
+    ready.append(on("e", "n1"))
+    split = [[w.attempt_id for w, _, _ in lane] for lane in lanes(ready)]
+    assert sorted(split) == [["a", "gang", "c", "e"], ["b"], ["d"]]
+
+
 def _work(**fields) -> Work:
     return Work(
-        attempt_id="0b7c",
+        attempt_id=fields.pop("attempt_id", "0b7c"),
         job_id=5,
         number=2,
         epoch=9,

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import re
 import shlex
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,6 +46,9 @@ from clusters.choices import ClusterKind
 from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
+# sbatch processes at once in one delivery, one per lane of works that share no node: each
+# mostly waits on a process start and its RPC to slurmctld, which serves several at a time.
+SUBMITTERS = 4
 OUTPUT_TAIL = 1 << 20  # the last MiB of a job's output is copied in at each sync
 
 # Slurm's job states (as ``job_state`` maps them) → the neutral phases. COMPLETING is still
@@ -92,17 +97,19 @@ class SlurmAdapter:
         return collect(cluster)
 
     def dispatch(self, cluster: Cluster, works: Sequence[Work]) -> Iterator[Sent]:
-        """``sbatch`` each work in turn, yielding its ``Sent`` as soon as it is known; one already
-        in Slurm (a retried delivery) is found, not submitted again. In turn, in the order the
-        scheduler placed them: Slurm then gives each job on a node the GPUs Orrery chose. A work
-        with no account it may run as (``NoAccount``), or asking for what the cluster cannot give
-        as set up (``GresRefused``: a shared GPU where no shards are configured), fails at once:
-        trying again would not help. Any other failure of one work (a refused ``sbatch``, an
-        undecodable answer) is that work's error, tried again later; the others go on."""
+        """``sbatch`` the works, yielding each ``Sent`` as soon as it is known; one already in
+        Slurm (a retried delivery) is found, not submitted again. Works that share a node are
+        submitted in turn, in the order the scheduler placed them: Slurm then gives each job on a
+        node the GPUs Orrery chose. Works on disjoint nodes go ``SUBMITTERS`` at a time (lanes,
+        ``lanes``). A work with no account it may run as (``NoAccount``), or asking for what the
+        cluster cannot give as set up (``GresRefused``: a shared GPU where no shards are
+        configured), fails at once: trying again would not help. Any other failure of one work
+        (a refused ``sbatch``, an undecodable answer) is that work's error, tried again later;
+        the others go on."""
         labels = _node_labels(cluster, works)
         tag = cluster_tag(cluster)
         known = submitted_jobs(cluster, [w.attempt_id for w in works], tag)  # one squeue for all
-        made: set[tuple[Path, int]] = set()  # output directories this delivery has made
+        ready = []
         for work in works:
             if work.attempt_id in known:
                 yield Sent(work.attempt_id, remote_id=known[work.attempt_id])
@@ -114,13 +121,23 @@ class SlurmAdapter:
                 log.warning("attempt %s cannot run on %s: %s", work.attempt_id, cluster.name, exc)
                 yield Sent(work.attempt_id, phase=Phase.FAILED, message=str(exc)[:1000])
                 continue
-            try:
-                remote_id = submit(cluster, work, account, tag, gres, made)
-            except Exception as exc:
-                log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
-                yield Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000])
-            else:
-                yield Sent(work.attempt_id, remote_id=remote_id)
+            ready.append((work, account, gres))
+        made: set[tuple[Path, int]] = set()  # output directories this delivery has made
+        done: queue.SimpleQueue[Sent] = queue.SimpleQueue()
+
+        def run_lane(lane: list[tuple[Work, Account, str]]) -> None:
+            for work, account, gres in lane:
+                try:
+                    done.put(Sent(work.attempt_id, remote_id=submit(cluster, work, account, tag, gres, made)))
+                except Exception as exc:
+                    log.warning("dispatch of %s to %s failed: %s", work.attempt_id, cluster.name, exc)
+                    done.put(Sent(work.attempt_id, error=f"{type(exc).__name__}: {exc}"[:1000]))
+
+        with ThreadPoolExecutor(SUBMITTERS) as pool:
+            for lane in lanes(ready):
+                pool.submit(run_lane, lane)
+            for _ in ready:
+                yield done.get()
 
     def sync(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
         """States, exit codes and output of the asked attempts; a job that vanished from Slurm
@@ -184,6 +201,26 @@ class SlurmAdapter:
             except SlurmError as exc:
                 log.warning("could not signal Slurm job %s (SIG%s): %s", remote_id, signal, exc)
         return done
+
+
+def lanes(ready: Sequence[tuple[Work, Any, str]]) -> list[list[tuple[Work, Any, str]]]:
+    """The works split into lanes that share no node, each in the given order (pure): works
+    that share a node, even through a third, are in one lane."""
+    parent: dict[str, str] = {}
+
+    def root(node: str) -> str:
+        while parent.setdefault(node, node) != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for work, *_ in ready:
+        for node in work.nodes[1:]:
+            parent[root(node)] = root(work.nodes[0])
+    by_root: dict[str, list[tuple[Work, Any, str]]] = {}
+    for item in ready:
+        by_root.setdefault(root(item[0].nodes[0]) if item[0].nodes else "", []).append(item)
+    return list(by_root.values())
 
 
 def remote_state(attempt_id: str, slurm_job: dict[str, Any]) -> RemoteState:
