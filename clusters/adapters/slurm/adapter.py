@@ -4,9 +4,9 @@ state sync, output, cancel, the signal of a preemption, and powering idle nodes 
 Dispatch uses ``sbatch`` (slurmrestd 22.05 cannot pin a node list) with the cluster's
 ``slurm_conf``, as the attempt's own POSIX account (``sbatch --uid``, see ``accounts``), and
 sync reads the job list with ``squeue`` on the same submit host: slurmrestd renders every job
-it knows, ended ones included, at about 3.5 KB each (a second of its time for 2,000 jobs), where
-``squeue`` prints the eight fields sync reads in a fortieth of that, so the list can be read every
-second and a job's end is seen within one. Everything else goes through slurmrestd.
+it knows, ended ones included, at about 3.6 KB each (0.7–1.6 s of its time for 2,000 jobs), where
+``squeue`` prints the eight fields sync reads in about a tenth of that, so the list can be read
+every second and a job's end is seen within one. Everything else goes through slurmrestd.
 
 The Slurm job is named after the attempt id and carries the cluster's tag (``tags``), so a
 retried dispatch finds the job it already submitted instead of submitting it twice, and a sync
