@@ -2,7 +2,7 @@
 """Side by side with Slurm: the same work on a real local Slurm and through Orrery.
 
     python benchmarks/vs_slurm.py --mode overhead --json   # Orrery dispatching onto that Slurm
-    python benchmarks/vs_slurm.py --mode short --jobs 5000 --json
+    python benchmarks/vs_slurm.py --mode short --jobs 2000 --json  # default 20,000
     python benchmarks/vs_slurm.py --mode classic --json   # the first side-by-side
 
 Slurm is ``scripts/slurm-dev-cluster.sh``: a throwaway cluster of its own (directory and ports)
@@ -16,16 +16,20 @@ Three modes, each printing both sides and their ratio:
 * ``overhead`` — the cost of the layer. ``--jobs`` jobs of 1, 2, 4 or 8 GPUs, each sleeping 1–5 s
   (seeded). Slurm alone: one client ``sbatch``-es every job. Orrery over Slurm: the same Slurm
   onboarded as a cluster of kind ``slurm`` (its adapter: Orrery places, ``sbatch`` pins each job to
-  the chosen nodes, slurmrestd reads them back), the jobs submitted through ``POST jobs/batch``.
-  Both are read from Slurm itself: ``all_running_s`` is from the first submission until Slurm runs
+  the chosen nodes, ``squeue`` reads them back), the jobs submitted through ``POST jobs/batch``;
+  two more Celery workers serve the dispatch queue (delivery and sync), and the per-cluster
+  dispatch rate limit is lifted. Both sides are read from Slurm itself: ``all_running_s`` is from the first submission until Slurm runs
   or ran every job; ``gpu_utilisation`` is GPUs allocated in Slurm over the fleet's while any job
   has not started. Slurm alone is measured before and after Orrery (and between rounds with
   ``--rounds``), its median is the yardstick: ``all_running_ratio`` = Orrery / Slurm (target ≤ 1.1).
+  ``placed_to_submitted_s`` and ``end_to_seen_s`` (medians) say where a job waited in between.
 * ``short`` — a scheduling-bound workload: ``--jobs`` jobs of 1, 2, 4 or 8 GPUs running 0.2–2 s.
   Every job is queued first while nothing may start (Slurm: the partition down; Orrery: the
   simulated cluster of the same shape disabled), then the fleet is opened and the clock runs until
   the last job has ended. ``completions_per_s`` = jobs / that time; ``gpu_utilisation`` as above.
-  Slurm is measured before and after Orrery; ``completions_ratio`` = Orrery / Slurm (target ≥ 1.5).
+  Slurm is measured before and after Orrery; ``completions_ratio`` = Orrery / Slurm (target ≥ 1.5);
+  ``placed_to_started_s`` and ``end_to_seen_s`` (medians) are Orrery's latencies per job.
+  ``--jobs`` above 2,500 raises Slurm's ``MaxJobCount`` for the run.
   ``fleet_bound_s`` is the demanded GPU-seconds over the fleet's GPUs: no schedule ends sooner.
 * ``classic`` — Orrery on a simulated cluster against Slurm, one client submitting one job per
   call on each side (and Orrery's batch endpoint), 1–5 s jobs: submit rate, all-running,
