@@ -1,33 +1,39 @@
 #!/usr/bin/env python
-"""Side by side with Slurm: one workload on a real local Slurm and on Orrery.
+"""Side by side with Slurm: the same work on a real local Slurm and through Orrery.
 
-    python benchmarks/vs_slurm.py --nodes 64 --gpus-per-node 8 --jobs 2000 --json
+    python benchmarks/vs_slurm.py --mode overhead --json   # Orrery dispatching onto that Slurm
+    python benchmarks/vs_slurm.py --mode short --jobs 2000 --json  # default 20,000
+    python benchmarks/vs_slurm.py --mode classic --json   # the first side-by-side
 
-The workload: ``--jobs`` jobs of 1, 2, 4 or 8 GPUs (uniformly), each sleeping 1–5 s (seeded).
+Slurm is ``scripts/slurm-dev-cluster.sh``: a throwaway cluster of its own (directory and ports)
+with ``--nodes`` slurmd of ``--gpus-per-node`` fake GPUs each, started for the run and stopped
+after it; jobs there really sleep. Orrery runs its production processes: gunicorn serving the
+API (2 workers × 4 threads), a Celery worker with beat, Redis, and a throwaway PostgreSQL
+database. The per-user submit throttle is raised for the run (the output says so).
 
-* **Slurm**: ``scripts/slurm-dev-cluster.sh`` starts a second throwaway cluster (its own
-  directory and ports) of ``--nodes`` slurmd with ``--gpus-per-node`` fake GPUs each; one client
-  submits every job with ``sbatch``, one after another; the jobs really sleep.
-* **Orrery**: a throwaway PostgreSQL database with a simulated cluster of the same shape, and
-  the production processes: gunicorn serving the API, a Celery worker with beat (the scheduler
-  every second and whenever a submission wakes it), Redis. One client submits through
-  ``POST /api/v1/jobs`` over one keep-alive connection. A simulated job starts when placed and
-  ends after its sleep, without a process. The per-user submit throttle (default 1,200/min) is
-  raised for the run, which the output says; the simulated nodes send no heartbeats, so the
-  node lifecycle's grace is raised too.
+Three modes, each printing both sides and their ratio:
 
-Printed (JSON with ``--json``):
-
-* ``slurm_submit_per_s``, ``orrery_submit_per_s`` — jobs per second, one client, one job per
-  call; ``orrery_batch_submit_per_s`` — through ``POST jobs/batch``, 500 jobs a request;
-* ``slurm_all_running_s``, ``orrery_all_running_s`` (and ``orrery_batch_all_running_s``) — from
-  the first submission until every job has started;
-* ``slurm_gpu_utilisation``, ``orrery_gpu_utilisation`` — allocated GPU-seconds over available
-  GPU-seconds while jobs are pending (sampled every 0.5 s);
-* the ratios (``all_running_ratio`` = Orrery / Slurm; ``submit_ratio`` = Orrery / Slurm);
-* ``fleet_bound_s`` — the demanded GPU-seconds over the fleet's GPUs: the time the work takes
-  at 100 % utilisation. All-running cannot come much sooner (only the last wave of jobs may
-  still be running then), whatever the scheduler.
+* ``overhead`` — the cost of the layer. ``--jobs`` jobs of 1, 2, 4 or 8 GPUs, each sleeping 1–5 s
+  (seeded). Slurm alone: one client ``sbatch``-es every job. Orrery over Slurm: the same Slurm
+  onboarded as a cluster of kind ``slurm`` (its adapter: Orrery places, ``sbatch`` pins each job to
+  the chosen nodes, ``squeue`` reads them back), the jobs submitted through ``POST jobs/batch``;
+  two more Celery workers serve the dispatch queue (delivery and sync), and the per-cluster
+  dispatch rate limit is lifted. Both sides are read from Slurm itself: ``all_running_s`` is from the first submission until Slurm runs
+  or ran every job; ``gpu_utilisation`` is GPUs allocated in Slurm over the fleet's while any job
+  has not started. Slurm alone is measured before and after Orrery (and between rounds with
+  ``--rounds``), its median is the yardstick: ``all_running_ratio`` = Orrery / Slurm (target ≤ 1.1).
+  ``placed_to_submitted_s`` and ``end_to_seen_s`` (medians) say where a job waited in between.
+* ``short`` — a scheduling-bound workload: ``--jobs`` jobs of 1, 2, 4 or 8 GPUs running 0.2–2 s.
+  Every job is queued first while nothing may start (Slurm: the partition down; Orrery: the
+  simulated cluster of the same shape disabled), then the fleet is opened and the clock runs until
+  the last job has ended. ``completions_per_s`` = jobs / that time; ``gpu_utilisation`` as above.
+  Slurm is measured before and after Orrery; ``completions_ratio`` = Orrery / Slurm (target ≥ 1.5);
+  ``placed_to_started_s`` and ``end_to_seen_s`` (medians) are Orrery's latencies per job.
+  ``--jobs`` above 2,500 raises Slurm's ``MaxJobCount`` for the run.
+  ``fleet_bound_s`` is the demanded GPU-seconds over the fleet's GPUs: no schedule ends sooner.
+* ``classic`` — Orrery on a simulated cluster against Slurm, one client submitting one job per
+  call on each side (and Orrery's batch endpoint), 1–5 s jobs: submit rate, all-running,
+  utilisation.
 """
 
 from __future__ import annotations
@@ -37,12 +43,18 @@ import http.client
 import json
 import os
 import random
+import shutil
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +62,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.heartbeats import wait_for_port  # noqa: E402
 
 SAMPLE_S = 0.5
+SCRIPT = str(ROOT / "scripts/slurm-dev-cluster.sh")
+STARTED = {"RUNNING", "CONFIGURING", "COMPLETING"}  # holding GPUs in Slurm
+LIVE = {"PENDING", *STARTED}
+Probe = Callable[[], tuple[int, int]]  # () -> (jobs not started, GPUs allocated)
 
 
 def workload(jobs: int, seed: int) -> list[tuple[int, int]]:
@@ -57,10 +73,19 @@ def workload(jobs: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.choice((1, 2, 4, 8)), rng.randint(1, 5)) for _ in range(jobs)]
 
 
-class Sampler(threading.Thread):
-    """Polls ``probe() -> (pending, allocated GPUs)`` until stopped; keeps the samples."""
+def short_workload(jobs: int, seed: int) -> list[tuple[int, float]]:
+    rng = random.Random(seed)
+    return [(rng.choice((1, 2, 4, 8)), round(rng.uniform(0.2, 2.0), 1)) for _ in range(jobs)]
 
-    def __init__(self, probe, total_gpus: int) -> None:
+
+def median_range(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
+
+
+class Sampler(threading.Thread):
+    """Polls ``probe`` until stopped; keeps the samples."""
+
+    def __init__(self, probe: Probe, total_gpus: int) -> None:
         super().__init__(daemon=True)
         self.probe, self.total = probe, total_gpus
         self.samples: list[tuple[float, int, int]] = []
@@ -77,19 +102,21 @@ class Sampler(threading.Thread):
         return round(sum(busy) / (len(busy) * self.total), 3) if busy else 0.0
 
 
-def wait_all_started(probe, submitted: threading.Event, timeout: float) -> float:
+def wait_until(done: Callable[[], bool], timeout: float, what: str) -> float:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if submitted.is_set() and probe()[0] == 0:
+        if done():
             return time.monotonic()
         time.sleep(0.1)
-    raise RuntimeError("not every job started in time")
+    raise RuntimeError(f"{what}: not in {timeout:.0f} s")
 
 
 # --- Slurm ------------------------------------------------------------------------------------
 
 
-def run_slurm(args, jobs: list[tuple[int, int]], say) -> dict:
+@contextmanager
+def slurm_cluster(args, say) -> Iterator[dict[str, str]]:
+    """A dev Slurm of the run's shape, in a directory and on ports of its own; down afterwards."""
     base = Path(f"/tmp/orrery-vs-slurm-{os.getpid()}")
     env = {
         **os.environ,
@@ -99,56 +126,127 @@ def run_slurm(args, jobs: list[tuple[int, int]], say) -> dict:
         "ORRERY_SLURM_CTLD_PORT": "6917",
         "ORRERY_SLURM_SLURMD_PORT": "17300",
         "ORRERY_SLURM_REST_PORT": "6921",
+        "ORRERY_SLURM_MAX_JOBS": str(max(10_000, 4 * args.jobs)),
         "SLURM_CONF": str(base / "etc/slurm.conf"),
     }
     env.pop("SLURM_JWT", None)
-    script = str(ROOT / "scripts/slurm-dev-cluster.sh")
     started = time.monotonic()
-    up = subprocess.run([script, "up"], env=env, capture_output=True, text=True)
-    if up.returncode != 0:
-        raise RuntimeError(f"the Slurm cluster did not start: {up.stderr[-2000:]}")
-    result = {"slurm_start_s": round(time.monotonic() - started, 1)}
-    say(f"slurm: {args.nodes} nodes up in {result['slurm_start_s']} s")
+    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True)
+    try:
+        if up.returncode != 0:
+            raise RuntimeError(f"the Slurm cluster did not start: {up.stderr[-2000:]}")
+        env |= dict(
+            line.removeprefix("export ").replace("'", "").split("=", 1) for line in up.stdout.splitlines()
+        )
+        env["slurm_start_s"] = str(round(time.monotonic() - started, 1))
+        say(f"slurm: {args.nodes} nodes up in {env['slurm_start_s']} s")
+        yield env
+    finally:
+        subprocess.run([SCRIPT, "down"], env=env, capture_output=True)
+        for _ in range(50):  # slurmctld saves its state as it stops: remove the directory after
+            if subprocess.run(["pgrep", "-f", str(base)], capture_output=True).returncode:
+                break
+            time.sleep(0.2)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def squeue(env: dict[str, str]) -> list[tuple[int, str, int]]:
+    """Every job Slurm still knows (ended ones too): (id, state, GPUs per node)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", "%i %T %b"], env=env, capture_output=True, text=True
+    ).stdout
+    jobs = []
+    for line in out.splitlines():
+        job_id, state, tres = [*line.split(" "), "", ""][:3]
+        if job_id.isdigit():
+            jobs.append((int(job_id), state, int(tres.rsplit(":", 1)[-1] or 0) if tres[-1:].isdigit() else 0))
+    return jobs
+
+
+def last_job_id(env: dict[str, str]) -> int:
+    return max((job_id for job_id, _, _ in squeue(env)), default=0)
+
+
+def slurm_probe(env: dict[str, str], after: int, count: int) -> Probe:
+    """Jobs of this round (Slurm ids above ``after``, ``count`` of them, some perhaps not yet
+    submitted) not started yet, and GPUs allocated in Slurm. Started jobs are remembered: Slurm
+    forgets ended ones after ``MinJobAge``."""
+    started: set[int] = set()
 
     def probe() -> tuple[int, int]:
-        out = subprocess.run(
-            ["squeue", "-h", "-o", "%T %b"], env=env, capture_output=True, text=True
-        ).stdout.split("\n")
-        pending = allocated = 0
-        for line in out:
-            state, _, tres = line.partition(" ")
-            if state == "PENDING":
-                pending += 1
-            elif state in ("RUNNING", "CONFIGURING", "COMPLETING"):
-                allocated += int(tres.rsplit(":", 1)[-1] or 0)
-        return pending, allocated
+        jobs = squeue(env)
+        started.update(job_id for job_id, state, _ in jobs if job_id > after and state != "PENDING")
+        return count - len(started), sum(gpus for _, state, gpus in jobs if state in STARTED)
 
+    return probe
+
+
+def slurm_idle(env: dict[str, str]) -> bool:
+    return not any(state in LIVE for _, state, _ in squeue(env))
+
+
+def sbatch(env: dict[str, str], i: int, gpus: int, seconds: float) -> None:
+    argv = ["sbatch", "--parsable", f"--job-name=bench{i}", f"--gres=gpu:a100:{gpus}", "--time=10"]
+    argv += ["--output=/dev/null", "--wrap", f"sleep {seconds}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {done.stderr}")
+
+
+def slurm_alone(args, env: dict[str, str], jobs: list[tuple[int, int]], say) -> dict:
+    """One client ``sbatch``-es every job; until Slurm has started them all."""
+    after = last_job_id(env)
+    probe = slurm_probe(env, after, len(jobs))
     sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    submitted = threading.Event()
+    sampler.start()
     try:
-        sampler.start()
         first = time.monotonic()
         for i, (gpus, seconds) in enumerate(jobs):
-            argv = ["sbatch", "--parsable", f"--job-name=bench{i}", f"--gres=gpu:a100:{gpus}", "--time=1"]
-            argv += ["--output=/dev/null", "--wrap", f"sleep {seconds}"]
-            done = subprocess.run(argv, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"sbatch failed: {done.stderr}")
+            sbatch(env, i, gpus, seconds)
         submit_s = time.monotonic() - first
-        submitted.set()
-        say(f"slurm: {len(jobs)} sbatch in {submit_s:.1f} s")
-        all_running = wait_all_started(probe, submitted, args.timeout) - first
-        sampler.stop.set()
-        sampler.join()
-        result |= {
-            "slurm_submit_per_s": round(len(jobs) / submit_s, 1),
-            "slurm_all_running_s": round(all_running, 1),
-            "slurm_gpu_utilisation": sampler.utilisation(),
-        }
+        all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Slurm alone: all running") - first
     finally:
         sampler.stop.set()
-        subprocess.run([script, "down"], env=env, capture_output=True)
-    return result
+        sampler.join()
+    wait_until(lambda: slurm_idle(env), args.timeout, "Slurm alone: every job ended")
+    say(f"slurm alone: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
+    return {
+        "submit_per_s": round(len(jobs) / submit_s, 1),
+        "all_running_s": round(all_running, 1),
+        "gpu_utilisation": sampler.utilisation(),
+    }
+
+
+def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -> dict:
+    """Queue every job with the partition down, open it, and time until the last has ended."""
+    partition = ["scontrol", "update", "partitionname=gpu"]
+    subprocess.run([*partition, "state=down"], env=env, check=True, capture_output=True)
+    after = last_job_id(env)
+    try:
+        with ThreadPoolExecutor(4) as pool:  # submission is not what is measured here
+            list(pool.map(lambda item: sbatch(env, item[0], *item[1]), enumerate(jobs)))
+    finally:
+        subprocess.run([*partition, "state=up"], env=env, check=True, capture_output=True)
+    opened = time.monotonic()
+    sampler = Sampler(slurm_probe(env, after, len(jobs)), args.nodes * args.gpus_per_node)
+    sampler.start()
+
+    def ended() -> bool:
+        return not any(job_id > after and state in LIVE for job_id, state, _ in squeue(env))
+
+    try:
+        elapsed = wait_until(ended, args.timeout, "Slurm: every short job ended") - opened
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    failed = sum(1 for job_id, state, _ in squeue(env) if job_id > after and state != "COMPLETED")
+    say(f"slurm: {len(jobs)} short jobs in {elapsed:.1f} s ({failed} not completed)")
+    return {
+        "elapsed_s": round(elapsed, 1),
+        "completions_per_s": round(len(jobs) / elapsed, 1),
+        "gpu_utilisation": sampler.utilisation(),
+        "not_completed": failed,
+    }
 
 
 # --- Orrery -----------------------------------------------------------------------------------
@@ -160,25 +258,17 @@ def _port() -> int:
         return probe.getsockname()[1]
 
 
-def spec(i: int, gpus: int, seconds: int, project: str) -> dict:
-    return {
-        "apiVersion": "orrery/v1",
-        "kind": "Job",
-        "metadata": {"name": f"bench{i}", "project": project},
-        "spec": {
-            "resources": {"gpus": f"a100:{gpus}"},
-            "run": f"sleep {seconds}",
-            "timeLimit": "1",
-            "sim": {"duration": f"{seconds}s"},
-        },
-    }
-
-
-def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
+@contextmanager
+def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) -> Iterator[int]:
+    """A throwaway database, migrated, and the production processes on it: gunicorn, one Celery
+    worker with beat, and ``dispatchers`` more workers for the dispatch queue alone (delivery and
+    sync; 0: the first worker serves it too). Yields the API's port once Django is set up here
+    too. Everything is stopped and dropped afterwards."""
     import psycopg
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
     db_name = f"orrery_vs_slurm_{os.getpid()}"
+    data_dir = f"/tmp/orrery-vs-slurm-data-{os.getpid()}"
     env = {
         **os.environ,
         "DATABASE_URL": base.rsplit("/", 1)[0] + f"/{db_name}",
@@ -188,9 +278,11 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "ORRERY_LOG_LEVEL": "WARNING",
         "ORRERY_THROTTLE_SUBMIT": "1000000/min",
-        "ORRERY_NODE_GRACE": "86400",  # the simulated nodes send no heartbeats in this run
-        "ORRERY_DATA_DIR": f"/tmp/orrery-vs-slurm-data-{os.getpid()}",
+        "ORRERY_NODE_GRACE": "86400",  # simulated nodes send no heartbeats in this run
+        "ORRERY_DATA_DIR": data_dir,
+        **(extra_env or {}),
     }
+    env.pop("SLURM_JWT", None)
     os.environ.update(env)
     admin = base.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -204,7 +296,6 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        token = _fleet(args.nodes, args.gpus_per_node)
         port = _port()
         gunicorn = [
             sys.executable,
@@ -224,49 +315,71 @@ def run_orrery(args, jobs: list[tuple[int, int]], say) -> dict:
             "--log-level",
             "warning",
         ]
-        worker = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool", "solo"]
-        queues = ",".join(f"{env['ORRERY_CELERY_QUEUE']}.{role}" for role in settings.ORRERY_CELERY_ROLES)
-        worker += ["--loglevel", "WARNING", "-Q", queues]
-        worker += ["--schedule", f"{env['ORRERY_DATA_DIR']}/beat-schedule"]
-        Path(env["ORRERY_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
-        log = open(Path(env["ORRERY_DATA_DIR"]) / "processes.log", "a")  # noqa: SIM115
+        celery = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+        ]
+        roles = [r for r in settings.ORRERY_CELERY_ROLES if not (dispatchers and r == "dispatch")]
+        queue = env["ORRERY_CELERY_QUEUE"]
+        main_queues = ",".join(f"{queue}.{role}" for role in roles)
+        workers = [
+            [*celery, "-n", f"main-{queue}@%h", "-Q", main_queues, "--beat", "--schedule", f"{data_dir}/beat"]
+        ]
+        workers += [
+            [*celery, "-n", f"dispatch{i}-{queue}@%h", "-Q", f"{queue}.dispatch"] for i in range(dispatchers)
+        ]
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        log = open(Path(data_dir) / "processes.log", "a")  # noqa: SIM115
         processes = [
-            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log) for argv in (gunicorn, worker)
+            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log) for argv in (gunicorn, *workers)
         ]
         wait_for_port(port)
-        time.sleep(2)  # the worker and its beat settle
-        result = {}
-        for mode, project in (("single", "bench"), ("batch", "bench-batch")):
-            figures = _orrery_run(args, jobs, port, token, mode, project, say)
-            result |= figures
-        return result
+        _wait_for_workers(1 + dispatchers)
+        yield port
     finally:
         for process in processes:
             process.terminate()
         for process in processes:
             try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
+                process.wait(5)
+            except subprocess.TimeoutExpired:  # a worker in the middle of a long delivery
                 process.kill()
+                process.wait()
         from django.db import connections
 
         connections.close_all()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _fleet(nodes: int, gpus: int) -> str:
-    from django.contrib.auth import get_user_model
+def _wait_for_workers(count: int, timeout: float = 120.0) -> None:
+    """Until ``count`` Celery workers answer a ping (started and consuming), then a little more
+    for the beat's first sends."""
+    from celery import current_app
 
-    from clusters.choices import ClusterKind, ClusterState, NodeState
+    end = time.monotonic() + timeout
+    while len(current_app.control.ping(timeout=1.0)) < count:
+        if time.monotonic() > end:
+            raise RuntimeError(f"fewer than {count} Celery workers answer")
+    time.sleep(2)
+
+
+def simulated_fleet(nodes: int, gpus: int, state: str = "ready"):
+    """A simulated cluster of ``nodes`` × ``gpus`` A100s, every node ready."""
+    from clusters.choices import ClusterKind, NodeState
     from clusters.models import Cluster, GpuDevice, GpuModel, Node
-    from portal.choices import Role
-    from portal.models import Membership, Project
-    from portal.services.tokens import issue_token
-    from scheduling.models import Queue
 
     model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=ClusterState.READY)
+    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=state)
     made = Node.objects.bulk_create(
         Node(
             cluster=cluster,
@@ -281,55 +394,345 @@ def _fleet(nodes: int, gpus: int) -> str:
         for i in range(nodes)
     )
     GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in made for g in range(gpus))
-    user = get_user_model().objects.create_user("bench", password="bench")
-    for name in ("bench", "bench-batch"):
+    return cluster
+
+
+def submitter(username: str, projects: list[str]) -> str:
+    """An API token of a user who is a member of ``projects`` (each with a default queue)."""
+    from django.contrib.auth import get_user_model
+
+    from portal.choices import Role
+    from portal.models import Membership, Project
+    from portal.services.tokens import issue_token
+    from scheduling.models import Queue
+
+    user = get_user_model().objects.create_user(username, password="bench")
+    for name in projects:
         project = Project.objects.create(name=name)
         Membership.objects.create(user=user, project=project, role=Role.MEMBER)
         Queue.objects.create(project=project, name="default")
     return issue_token(user, name="bench")[1]
 
 
-def _orrery_run(args, jobs, port: int, token: str, mode: str, project: str, say) -> dict:
+def spec(i: int, gpus: int, seconds: float, project: str, cluster: str | None = None) -> dict:
+    body = {
+        "apiVersion": "orrery/v1",
+        "kind": "Job",
+        "metadata": {"name": f"bench{i}", "project": project},
+        "spec": {
+            "resources": {"gpus": f"a100:{gpus}"},
+            "run": f"sleep {seconds}",
+            "timeLimit": "10",
+            "sim": {"duration": f"{seconds}s"},
+        },
+    }
+    if cluster:
+        body["spec"]["placement"] = {"clusters": [cluster]}
+    return body
+
+
+class Api:
+    """One keep-alive client of the API."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.client = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        for _ in range(8):  # every gunicorn worker has loaded the application before the clock runs
+            warm = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            warm.request("GET", "/api/v1/jobs?limit=1", headers=self.headers)
+            warm.getresponse().read()
+            warm.close()
+
+    def post(self, path: str, body: dict) -> None:
+        self.client.request("POST", path, body=json.dumps(body), headers=self.headers)
+        response = self.client.getresponse()
+        text = response.read()
+        if response.status != 201:
+            raise RuntimeError(f"POST {path}: {response.status} {text[:300]!r}")
+
+    def submit_batches(self, specs: list[dict], size: int = 500) -> None:
+        for start in range(0, len(specs), size):
+            self.post("/api/v1/jobs/batch", {"jobs": specs[start : start + size]})
+
+
+def _sql(query: str, params: list) -> tuple:
     from django.db import close_old_connections, connection
 
-    def probe() -> tuple[int, int]:
-        close_old_connections()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FILTER (WHERE j.state IN ('PENDING', 'SCHEDULED')) FROM scheduling_job j"
-                " JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s",
-                [project],
-            )
-            pending = cursor.fetchone()[0]
-            cursor.execute("SELECT count(*) FROM scheduling_allocation WHERE active AND gpu_id IS NOT NULL")
-            return pending, cursor.fetchone()[0]
+    close_old_connections()
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchone()
 
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+def _sql_or_none(query: str, params: list) -> tuple:
+    """``_sql`` for a figure on the side: a failure is printed, not the end of the run."""
+    try:
+        return _sql(query, params)
+    except Exception as exc:
+        print(f"could not measure: {exc}", file=sys.stderr)
+        return (None, None)
+
+
+def orrery_probe(project: str) -> Probe:
+    """Jobs of ``project`` not started yet, and GPUs allocated, as Orrery's database has them."""
+
+    def probe() -> tuple[int, int]:
+        pending = _sql(
+            "SELECT count(*) FILTER (WHERE j.state IN ('PENDING', 'SCHEDULED')) FROM scheduling_job j"
+            " JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s",
+            [project],
+        )[0]
+        allocated = _sql(
+            "SELECT count(*) FROM scheduling_allocation WHERE active AND gpu_id IS NOT NULL", []
+        )[0]
+        return pending, allocated
+
+    return probe
+
+
+# --- overhead: Orrery over Slurm --------------------------------------------------------------
+
+
+@contextmanager
+def unix_account() -> Iterator[str]:
+    """A throwaway Unix account for the jobs Orrery dispatches (never root); removed after."""
+    name = f"orrbench{os.getpid() % 100_000}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+def orrery_over_slurm(args, env: dict[str, str], api: Api, project: str, jobs, say) -> dict:
+    after = last_job_id(env)
+    probe = slurm_probe(env, after, len(jobs))
     sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    submitted = threading.Event()
+    sampler.start()
+    try:
+        first = time.monotonic()
+        api.submit_batches([spec(i, g, s, project, "hpc") for i, (g, s) in enumerate(jobs)])
+        submit_s = time.monotonic() - first
+        all_running = (
+            wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery over Slurm: all running") - first
+        )
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    wait_until(lambda: slurm_idle(env), args.timeout, "Orrery over Slurm: every job ended")
+    say(f"orrery over slurm: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
+    return {
+        "submit_per_s": round(len(jobs) / submit_s, 1),
+        "all_running_s": round(all_running, 1),
+        "gpu_utilisation": sampler.utilisation(),
+        **_layer_latency(env, project),
+    }
+
+
+def _layer_latency(env: dict[str, str], project: str) -> dict:
+    """Medians, over the round's jobs, of placed in Orrery → submitted to Slurm, and ended in
+    Slurm → seen ended by Orrery (Slurm's times are whole seconds)."""
+    try:
+        return _latencies(env, project)
+    except Exception as exc:  # a figure on the side: never the end of the run
+        print(f"could not measure the layer's latency: {exc}", file=sys.stderr)
+        return {}
+
+
+def _latencies(env: dict[str, str], project: str) -> dict:
+    from datetime import datetime
+
+    from scheduling.models import JobAttempt
+
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", "%i %V %e"], env=env, capture_output=True, text=True
+    ).stdout
+    slurm = {}
+    for line in out.splitlines():
+        job_id, submitted, ended = line.split(" ")
+        try:
+            slurm[job_id] = (
+                datetime.fromisoformat(submitted).timestamp(),
+                datetime.fromisoformat(ended).timestamp(),
+            )
+        except ValueError:
+            continue
+    placed, seen = [], []
+    for remote_id, created, finished in JobAttempt.objects.filter(job__project__name=project).values_list(
+        "remote_id", "created_at", "finished_at"
+    ):
+        if remote_id in slurm and finished:
+            submitted, ended = slurm[remote_id]
+            placed.append(submitted - created.timestamp())
+            seen.append(finished.timestamp() - ended)
+    if not placed:
+        return {}
+    return {
+        "placed_to_submitted_s": round(statistics.median(placed), 2),
+        "end_to_seen_s": round(statistics.median(seen), 2),
+    }
+
+
+def run_overhead(args, say) -> dict:
+    jobs = workload(args.jobs, args.seed)
+    result: dict = {
+        "gpu_seconds_demanded": sum(g * s for g, s in jobs),
+        "fleet_bound_s": round(sum(g * s for g, s in jobs) / (args.nodes * args.gpus_per_node), 1),
+        "orrery_dispatch_rate": "ORRERY_DISPATCH_PER_S_BY_KIND slurm=0 (no limit) for the run",
+    }
+    slurm_runs, orrery_runs = [], []
+    with slurm_cluster(args, say) as env, unix_account() as account:
+        result["slurm_start_s"] = float(env["slurm_start_s"])
+        slurm_runs.append(slurm_alone(args, env, jobs, say))
+        extra = {
+            "ORRERY_DISPATCH_PER_S_BY_KIND": "simulated=0,native=0,slurm=0",
+            "SLURM_CONF": env["SLURM_CONF"],
+        }
+        with orrery_stack(extra, dispatchers=2) as port:
+            from clusters.choices import NodeState
+            from clusters.models import Node
+            from clusters.services.onboarding import onboard_slurm
+
+            token = Path(env["ORRERY_SLURM_TOKEN_FILE"]).read_text().strip()
+            cluster, _ = onboard_slurm(
+                "hpc", env["ORRERY_SLURM_URL"], token, slurm_conf=env["SLURM_CONF"], identity="same_name"
+            )
+            Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
+            projects = [f"over-slurm-{r}" for r in range(args.rounds)]
+            api = Api(port, submitter(account, projects))
+            for r, project in enumerate(projects):
+                orrery_runs.append(orrery_over_slurm(args, env, api, project, jobs, say))
+                if r + 1 < args.rounds:
+                    slurm_runs.append(slurm_alone(args, env, jobs, say))
+        slurm_runs.append(slurm_alone(args, env, jobs, say))
+    for side, runs in (("slurm", slurm_runs), ("orrery_over_slurm", orrery_runs)):
+        result[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
+        result[f"{side}_runs"] = runs
+    result["all_running_ratio"] = round(
+        result["orrery_over_slurm"]["all_running_s"]["median"] / result["slurm"]["all_running_s"]["median"], 3
+    )
+    result["utilisation_ratio"] = round(
+        result["orrery_over_slurm"]["gpu_utilisation"]["median"]
+        / result["slurm"]["gpu_utilisation"]["median"],
+        3,
+    )
+    return result
+
+
+# --- short: a scheduling-bound workload --------------------------------------------------------
+
+
+def orrery_short(args, api: Api, cluster, project: str, jobs, say) -> dict:
+    """Queue every job on the disabled simulated cluster, enable it, time until the last ended."""
+    from celery import current_app
+
+    from clusters.choices import ClusterState
+    from clusters.models import Cluster
+    from scheduling.wakeup import CYCLE_TASK
+
+    Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.DISABLED)
+    api.submit_batches([spec(i, g, s, project) for i, (g, s) in enumerate(jobs)])
+    Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.READY)
+    current_app.send_task(CYCLE_TASK)
+    opened = time.monotonic()
+    probe = orrery_probe(project)
+    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
+    sampler.start()
+    live = (
+        "SELECT count(*) FILTER (WHERE j.state IN ('PENDING', 'SCHEDULED', 'RUNNING')),"
+        " count(*) FILTER (WHERE j.state <> 'SUCCEEDED') FROM scheduling_job j"
+        " JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s"
+    )
+    try:
+        elapsed = wait_until(lambda: _sql(live, [project])[0] == 0, args.timeout, "Orrery: every job ended")
+        elapsed -= opened
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    failed = _sql(live, [project])[1]
+    # Where a job's GPUs wait beyond its run: placed → started (delivery), run over → seen ended.
+    delivered, seen = _sql_or_none(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - a.created_at)),"
+        " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.finished_at - a.started_at)"
+        " - (j.spec->'sim'->>'durationSeconds')::float) FROM scheduling_jobattempt a"
+        " JOIN scheduling_job j ON j.id = a.job_id JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s",
+        [project],
+    )
+    say(f"orrery: {len(jobs)} short jobs in {elapsed:.1f} s ({failed} not succeeded)")
+    return {
+        "elapsed_s": round(elapsed, 1),
+        "completions_per_s": round(len(jobs) / elapsed, 1),
+        "gpu_utilisation": sampler.utilisation(),
+        "not_completed": failed,
+        "placed_to_started_s": delivered if delivered is None else round(delivered, 3),
+        "end_to_seen_s": seen if seen is None else round(seen, 3),
+    }
+
+
+def run_short(args, say) -> dict:
+    jobs = short_workload(args.jobs, args.seed)
+    demanded = sum(g * s for g, s in jobs)
+    result: dict = {
+        "gpu_seconds_demanded": round(demanded, 1),
+        "fleet_bound_s": round(demanded / (args.nodes * args.gpus_per_node), 1),
+    }
+    slurm_runs, orrery_runs = [], []
+    with slurm_cluster(args, say) as env:
+        result["slurm_start_s"] = float(env["slurm_start_s"])
+        slurm_runs.append(slurm_short(args, env, jobs, say))
+        with orrery_stack() as port:
+            cluster = simulated_fleet(args.nodes, args.gpus_per_node)
+            projects = [f"short-{r}" for r in range(args.rounds)]
+            api = Api(port, submitter("bench", projects))
+            for r, project in enumerate(projects):
+                orrery_runs.append(orrery_short(args, api, cluster, project, jobs, say))
+                if r + 1 < args.rounds:
+                    slurm_runs.append(slurm_short(args, env, jobs, say))
+        slurm_runs.append(slurm_short(args, env, jobs, say))
+    for side, runs in (("slurm", slurm_runs), ("orrery", orrery_runs)):
+        result[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
+        result[f"{side}_runs"] = runs
+    result["completions_ratio"] = round(
+        result["orrery"]["completions_per_s"]["median"] / result["slurm"]["completions_per_s"]["median"], 3
+    )
+    result["utilisation_ratio"] = round(
+        result["orrery"]["gpu_utilisation"]["median"] / result["slurm"]["gpu_utilisation"]["median"], 3
+    )
+    return result
+
+
+# --- classic: Orrery on a simulated cluster, one job per call ----------------------------------
+
+
+def orrery_classic(args, api: Api, jobs, mode: str, project: str, say) -> dict:
+    probe = orrery_probe(project)
+    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
     sampler.start()
     first = time.monotonic()
     try:
+        specs = [spec(i, g, s, project) for i, (g, s) in enumerate(jobs)]
         if mode == "single":
-            for i, (gpus, seconds) in enumerate(jobs):
-                _post(client, "/api/v1/jobs", spec(i, gpus, seconds, project), headers)
+            for body in specs:
+                api.post("/api/v1/jobs", body)
         else:
-            for start in range(0, len(jobs), 500):
-                chunk = jobs[start : start + 500]
-                body = {"jobs": [spec(start + k, g, s, project) for k, (g, s) in enumerate(chunk)]}
-                _post(client, "/api/v1/jobs/batch", body, headers)
+            api.submit_batches(specs)
         submit_s = time.monotonic() - first
-        submitted.set()
         say(f"orrery ({mode}): {len(jobs)} jobs submitted in {submit_s:.1f} s")
-        all_running = wait_all_started(probe, submitted, args.timeout) - first
+        all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery: all running") - first
     finally:
         sampler.stop.set()
         sampler.join()
     # Let this run's jobs finish before the next run starts.
-    end = time.monotonic() + args.timeout
-    while probe()[1] and time.monotonic() < end:
-        time.sleep(0.5)
+    wait_until(lambda: not probe()[1], args.timeout, "Orrery: every job ended")
     prefix = "orrery" if mode == "single" else "orrery_batch"
     return {
         f"{prefix}_submit_per_s": round(len(jobs) / submit_s, 1),
@@ -338,41 +741,56 @@ def _orrery_run(args, jobs, port: int, token: str, mode: str, project: str, say)
     }
 
 
-def _post(client: http.client.HTTPConnection, path: str, body: dict, headers: dict) -> None:
-    client.request("POST", path, body=json.dumps(body), headers=headers)
-    response = client.getresponse()
-    text = response.read()
-    if response.status != 201:
-        raise RuntimeError(f"POST {path}: {response.status} {text[:300]!r}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=64)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for all-running")
-    parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    args = parser.parse_args()
-    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+def run_classic(args, say) -> dict:
     jobs = workload(args.jobs, args.seed)
-    result: dict[str, object] = {
-        "nodes": args.nodes,
-        "gpus_per_node": args.gpus_per_node,
-        "jobs": args.jobs,
+    result: dict = {
         "gpu_seconds_demanded": sum(g * s for g, s in jobs),
         # running the demanded GPU-seconds on every GPU at once: no schedule finishes sooner
         "fleet_bound_s": round(sum(g * s for g, s in jobs) / (args.nodes * args.gpus_per_node), 1),
-        "orrery_submit_throttle": "raised to 1000000/min for the run (default 1200/min per user)",
     }
-    result |= run_slurm(args, jobs, say)
-    result |= run_orrery(args, jobs, say)
+    with slurm_cluster(args, say) as env:
+        result["slurm_start_s"] = float(env["slurm_start_s"])
+        result |= {f"slurm_{k}": v for k, v in slurm_alone(args, env, jobs, say).items()}
+    with orrery_stack() as port:
+        simulated_fleet(args.nodes, args.gpus_per_node)
+        api = Api(port, submitter("bench", ["bench", "bench-batch"]))
+        result |= orrery_classic(args, api, jobs, "single", "bench", say)
+        result |= orrery_classic(args, api, jobs, "batch", "bench-batch", say)
     result["all_running_ratio"] = round(result["orrery_all_running_s"] / result["slurm_all_running_s"], 3)
     result["submit_ratio"] = round(result["orrery_submit_per_s"] / result["slurm_submit_per_s"], 2)
     result["batch_submit_ratio"] = round(
         result["orrery_batch_submit_per_s"] / result["slurm_submit_per_s"], 2
     )
+    return result
+
+
+MODES = {"overhead": run_overhead, "short": run_short, "classic": run_classic}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, default="overhead")
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--jobs", type=int, help="default: 2,000 (overhead, classic), 20,000 (short)")
+    parser.add_argument("--rounds", type=int, default=1, help="Orrery runs; Slurm alone runs one more")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for each phase")
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    args = parser.parse_args()
+    args.jobs = args.jobs or (20_000 if args.mode == "short" else 2000)
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the way an error does: cleaned up
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the dev Slurm runs as root, and Orrery submits with sbatch --uid")
+    result: dict = {
+        "mode": args.mode,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "jobs": args.jobs,
+        "orrery_submit_throttle": "raised to 1000000/min for the run (default 1200/min per user)",
+    }
+    result |= MODES[args.mode](args, say)
     print(json.dumps(result, indent=None if args.json else 2))
 
 

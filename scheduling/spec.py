@@ -166,7 +166,7 @@ class JobSpec:
     retries: int
     failover: str
     array: list[int] | None
-    sim_duration_s: int | None
+    sim_duration_s: float | None
     sim_exit_code: int
     preemptible: bool
     preemption_signal: str
@@ -386,6 +386,17 @@ def parse_cpus(value: Any) -> int:
     if not 0 <= value <= MAX_CPUS:
         raise ValueError(f"must be between 0 and {MAX_CPUS}")
     return round(value * 1000)
+
+
+_SIM_SECONDS = re.compile(r"^\d{1,6}\.\d{1,3}s$")
+
+
+def _sim_duration(value: Any) -> float:
+    """A simulated job's run time: any duration, or seconds with a fraction (``0.5s``), so that
+    benchmarks can run jobs shorter than a second."""
+    if isinstance(value, str) and _SIM_SECONDS.fullmatch(value.strip()):
+        return float(value.strip()[:-1])
+    return parse_duration(value)
 
 
 def parse_duration(value: Any) -> int:
@@ -842,7 +853,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     sim_duration = None
     if sim.get("duration") is not None:
         try:
-            sim_duration = parse_duration(sim["duration"])
+            sim_duration = _sim_duration(sim["duration"])
         except ValueError as exc:
             c.add(f"{p}spec.sim.duration", str(exc))
         if sim_duration is not None and not 0 <= sim_duration <= MAX_SIM_DURATION_S:

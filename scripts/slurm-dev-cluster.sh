@@ -12,6 +12,7 @@
 #   ORRERY_SLURM_DIR=/tmp/orrery-slurm ORRERY_SLURM_NODES=4 ORRERY_SLURM_CPUS=8
 #   ORRERY_SLURM_MEMORY_MB=64000 ORRERY_SLURM_GPUS=4 ORRERY_SLURM_GPU_TYPE=a100
 #   ORRERY_SLURM_CTLD_PORT=6817 ORRERY_SLURM_SLURMD_PORT=17000 ORRERY_SLURM_REST_PORT=6820
+#   ORRERY_SLURM_MAX_JOBS=10000 (jobs slurmctld holds, ended ones included, before refusing more)
 set -euo pipefail
 
 L=${ORRERY_SLURM_DIR:-/tmp/orrery-slurm}
@@ -23,6 +24,7 @@ GPU_TYPE=${ORRERY_SLURM_GPU_TYPE:-a100}
 CTLD_PORT=${ORRERY_SLURM_CTLD_PORT:-6817}
 SLURMD_PORT=${ORRERY_SLURM_SLURMD_PORT:-17000}
 REST_PORT=${ORRERY_SLURM_REST_PORT:-6820}
+MAX_JOBS=${ORRERY_SLURM_MAX_JOBS:-10000}
 export SLURM_CONF=$L/etc/slurm.conf
 unset SLURM_JWT  # a set SLURM_JWT silently switches every Slurm client from munge to JWT
 
@@ -94,6 +96,7 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$L/log/jobcomp.log
 MinJobAge=600
+MaxJobCount=$MAX_JOBS
 MpiDefault=none
 MailProg=/bin/true
 SwitchType=switch/none

@@ -211,9 +211,11 @@ def _record(sent: list[Sent], row_of: dict[str, int], works: dict[str, Work]) ->
     move, when the cluster made one at once) or tried with their error."""
     ok = [s for s in sent if not s.error and s.attempt_id in row_of]
     with transaction.atomic():
-        for s in ok:
-            if s.remote_id:
-                JobAttempt.objects.filter(pk=s.attempt_id).update(remote_id=s.remote_id)
+        # One statement for every remote id: a delivery of hundreds of jobs is not that many
+        # round trips to the database.
+        JobAttempt.objects.bulk_update(
+            [JobAttempt(pk=s.attempt_id, remote_id=s.remote_id) for s in ok if s.remote_id], ["remote_id"]
+        )
         apply_remote_states([RemoteState(s.attempt_id, s.phase, message=s.message) for s in ok if s.phase])
         DispatchOutbox.objects.filter(pk__in=[row_of[s.attempt_id] for s in ok]).update(
             state=DispatchOutbox.State.SENT, tries=F("tries") + 1

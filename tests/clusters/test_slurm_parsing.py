@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from clusters.adapters.slurm.accounts import (
     output_path,
     read_tail,
 )
-from clusters.adapters.slurm.adapter import batch_script, remote_state, sbatch_argv, work_gres
+from clusters.adapters.slurm.adapter import (
+    batch_script,
+    lanes,
+    parse_squeue_line,
+    remote_state,
+    sbatch_argv,
+    work_gres,
+)
 from clusters.adapters.slurm.api import (
     SlurmError,
     decode_exit,
@@ -209,9 +217,55 @@ def test_slurm_jobs_in_neutral_terms(job, phase, exit_code, message):
     assert (state.phase, state.exit_code, state.message, state.remote_id) == (phase, exit_code, message, "7")
 
 
+def test_squeue_lines_read_as_slurmrestd_gives_the_job():
+    """Sync reads ``squeue``; each line becomes the job as slurmrestd would give it, so the same
+    mapping applies. Separators typed into the comment or the name shift no other field."""
+    sep = "\x1f"
+
+    def line(*fields: str) -> str:
+        return "".join(f"{f}{sep}" for f in fields)
+
+    ended = parse_squeue_line(
+        line("42", "FAILED", "768", "2026-12-02T13:18:37", "NonZeroExitCode", "n1", "orrery:t", "0b7c")
+    )
+    assert ended == {
+        "job_id": 42,
+        "job_state": "FAILED",
+        "exit_code": 768,
+        "start_time": int(time.mktime((2026, 12, 2, 13, 18, 37, 0, 0, -1))),  # squeue prints local time
+        "state_reason": "NonZeroExitCode",
+        "nodes": "n1",
+        "comment": "orrery:t",
+        "name": "0b7c",
+    }
+    assert remote_state("0b7c", ended).message == "failed in Slurm (NonZeroExitCode, exit code 3)"
+    pending = parse_squeue_line(line("43", "PENDING", "0", "N/A", "Resources", "", "(null)", "x"))
+    assert (pending["start_time"], pending["comment"], pending["nodes"]) == (0, "", "")
+    tricky = parse_squeue_line(line("44", "RUNNING", "0", "N/A", "None", "n2", f"a{sep}b", "0b7c"))
+    assert (tricky["comment"], tricky["name"], tricky["nodes"]) == (f"a{sep}b", "0b7c", "n2")
+    assert parse_squeue_line("slurm_load_jobs error: Unable to contact slurm controller") is None
+    mine = line("45", "RUNNING", "0", "N/A", "None", "n2", "orrery:t", "other")
+    assert parse_squeue_line(mine, lambda name, text: name == "0b7c") is None
+    assert parse_squeue_line(mine, lambda name, text: text == "orrery:t")["job_id"] == 45
+
+
+def test_works_sharing_a_node_are_submitted_in_one_lane_in_order():
+    """Slurm gives a job on a node the GPUs in submission order: works that share a node (even
+    through a gang on a third) stay in one lane, in placement order; the others may go apart."""
+
+    def on(name: str, *nodes: str):
+        shares = tuple(Share(i, node, (0,)) for i, node in enumerate(nodes))
+        return (_work(attempt_id=name, shares=shares), None, "")
+
+    ready = [on("a", "n1"), on("b", "n2"), on("gang", "n3", "n1"), on("c", "n3"), on("d", "n4")]
+    ready.append(on("e", "n1"))
+    split = [[w.attempt_id for w, _, _ in lane] for lane in lanes(ready)]
+    assert sorted(split) == [["a", "gang", "c", "e"], ["b"], ["d"]]
+
+
 def _work(**fields) -> Work:
     return Work(
-        attempt_id="0b7c",
+        attempt_id=fields.pop("attempt_id", "0b7c"),
         job_id=5,
         number=2,
         epoch=9,

@@ -159,3 +159,16 @@ def test_a_simulated_duration_is_bounded_like_a_time_limit(duration, ok):
         assert parse_job_spec(document).sim_duration_s <= MAX_TIME_LIMIT_S
     else:
         assert [p for p, _ in refusals(document)] == ["spec.sim.duration"]
+
+
+@pytest.mark.parametrize(
+    "duration, seconds",
+    [("0.5s", 0.5), ("1.25s", 1.25), (" 2.0s ", 2.0), ("90s", 90), ("2m", 120)],
+)
+def test_a_simulated_duration_may_have_a_fraction_of_a_second(duration, seconds):
+    assert parse_job_spec(spec_with(spec__sim={"duration": duration})).sim_duration_s == seconds
+
+
+@pytest.mark.parametrize("duration", ["0.5m", ".5s", "1.2345s", "1.5"])
+def test_a_fraction_is_for_seconds_only(duration):
+    assert [p for p, _ in refusals(spec_with(spec__sim={"duration": duration}))] == ["spec.sim.duration"]
