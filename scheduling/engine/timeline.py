@@ -107,6 +107,8 @@ class Timeline:
 
     def _choose(self, job: JobView, t_row: np.ndarray) -> Slot | None:
         snap = self.snap
+        if not len(t_row):  # a fleet with no nodes yet (a cluster onboarding, or all removed)
+            return None
         if job.nodes == 1:
             row = int(np.argmin(t_row))
             if t_row[row] == NEVER:

@@ -46,6 +46,13 @@ def test_no_slot_when_the_gpus_never_come_free():
     assert timeline.earliest(view(1, 2), everywhere(snap)) == Slot(NOW, 0, (0,))
 
 
+def test_no_slot_on_a_fleet_without_nodes():
+    snap = snapshot()
+    timeline = Timeline(snap, [], NOW)
+    assert timeline.earliest(view(1, 4), everywhere(snap)) is None
+    assert timeline.earliest(view(2, 8, nodes=2), everywhere(snap)) is None
+
+
 def test_a_job_past_its_time_limit_frees_its_gpus_now():
     snap = snapshot(node(gpus=8, free=0))
     timeline = Timeline(snap, [(NOW - 50, ((0, 8),))], NOW)
