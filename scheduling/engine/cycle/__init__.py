@@ -100,6 +100,7 @@ class CycleReport:
     # (superseded)
     aborted: str = ""
     committing: bool = False  # pipelined: its commit is in flight (``placed`` is what it decided)
+    landed_at: float = 0.0  # pipelined: ``time.perf_counter()`` when its commit landed
     phases_ms: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -431,6 +432,7 @@ class CyclePipeline:
                     raise Fenced
                 flight.placed, flight.lost, _ = commit.commit(decided.placements, flight.snap, report.epoch)
                 report.preempted = commit.preempt(decided.preemptions)
+            report.landed_at = time.perf_counter()
         except Fenced:
             flight.failed = True
             _fenced(report)
