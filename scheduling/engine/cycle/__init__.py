@@ -27,6 +27,13 @@
 ``run_cycle`` runs the phases in order and reports what they did (``CycleReport``). A cycle the
 database rolls back (a lost race, a timeout, a terminated connection) is logged, counted and
 reported as ``aborted``, never raised.
+
+**Pipelined** (PostgreSQL, outside a caller's transaction; ``pipelining()``): phases 1, 2, 3 and 5
+run in one transaction on the caller's connection and phase 4 in another, on a committer
+thread's connection, fenced by a compare-and-set of the epoch instead of the lock. ``run_cycles``
+(the Celery task) runs cycles back to back through a backlog with each commit overlapping the
+next cycle's decisions (``CyclePipeline`` says what each guarantee rests on); ``run_cycle`` waits
+for its commit. SQLite, the embedded default, keeps the one-transaction cycle.
 """
 
 from __future__ import annotations
