@@ -427,6 +427,9 @@ def run(
         for phase, ms in r.phases_ms.items():
             phases[phase] = round(phases.get(phase, 0.0) + ms, 1)
     yardstick.append(bare_numpy(workload))
+    if placing_s:
+        ratio = placed / placing_s / statistics.median(yardstick)
+        say(f"placed {placed} at {placed / placing_s:.0f}/s; yardstick so far {yardstick}: ratio {ratio:.4f}")
     preempted = 0
     for _ in range(200):  # preemptions settle (each cycle preempts at most 16 jobs' victims)
         report = run_cycle(cache, pipelined=pipelined)
