@@ -134,8 +134,7 @@ class SchedulerCache:
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:
-        stale = time.monotonic() - self.built_at > settings.ORRERY_SCHEDULER_RESYNC_S
-        if self.snap is None or stale:
+        if self.rebuild_due():
             self.rebuild()
         else:
             self.sync()
@@ -147,6 +146,10 @@ class SchedulerCache:
                 self.telemetry_read = time.monotonic()
         assert self.snap is not None
         return self.snap
+
+    def rebuild_due(self) -> bool:
+        """Whether ``ensure`` will rebuild from the database rather than sync."""
+        return self.snap is None or time.monotonic() - self.built_at > settings.ORRERY_SCHEDULER_RESYNC_S
 
     def invalidate(self) -> None:
         self.snap = None

@@ -14,6 +14,7 @@ class and then only about rows that changed.
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -157,9 +158,14 @@ class NodeChoice:
 
 @dataclass(frozen=True)
 class Placement:
+    """A decision: the job, its cluster and nodes, and the id its attempt will have. The id is
+    chosen with the decision, so a cache can recognise the attempt's events whichever connection
+    commits it, and whenever (``SchedulerCache.placed_by_us``)."""
+
     job: JobView
     cluster: int  # snapshot cluster index
     nodes: tuple[NodeChoice, ...]
+    attempt: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
 @dataclass

@@ -33,7 +33,7 @@ def commit(
     decisions: list[Placement], snap: Snapshot, epoch: int
 ) -> tuple[list[Placement], list[JobView], list[uuid.UUID]]:
     """Write every decision in the current transaction; returns (placed, jobs that lost a race,
-    the new attempts' ids)."""
+    the new attempts' ids). Each attempt gets the id chosen with its decision (``Placement.attempt``)."""
     if not decisions:
         return [], [], []
     won = _claim(
@@ -51,7 +51,7 @@ def commit(
     attempts, allocations, events, outbox = [], [], [], []
     for d in placed:
         job = d.job
-        attempt = str(uuid.uuid4())
+        attempt = str(d.attempt)
         cluster_id = snap.cluster_ids[d.cluster]
         attempts.append(
             (attempt, job.id, job.attempts + 1, cluster_id, AttemptState.SCHEDULED, yes, epoch, "", "", at)

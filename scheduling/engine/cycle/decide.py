@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from scheduling.engine.framework import (
 )
 from scheduling.engine.plugins.backfill import TIMELINES
 from scheduling.engine.policies import Profile
-from scheduling.engine.queue import JobClass
+from scheduling.engine.queue import ClassOrder, JobClass
 from scheduling.engine.snapshot import Snapshot
 from scheduling.models import Queue
 
@@ -120,21 +120,14 @@ def decide(
     decisions: list[Placement] = []
     if cache.nominated:
         _nominees_first(profile, state, cache, snap, masks, decisions)
-    heap = [(key(cls), n, cls) for n, cls in enumerate(cache.queue)]
-    heapq.heapify(heap)
+    order = _class_order(profile, state, snap, key)
+    for cls in cache.queue:
+        order.push(cls)
     blocked: list[Blocked] = []
     aside: list[tuple[JobClass, JobView]] = []  # preemptors set aside so their classmates get a turn
-    counter = len(heap)
-    while heap and len(decisions) < limit:
-        stale_key, _, cls = heapq.heappop(heap)
+    while order and len(decisions) < limit:
+        cls = order.pop()
         if not len(cls):
-            continue
-        # Keys can go stale (a placement raises a project's fair share): re-key lazily, and go
-        # back in line if another class now comes first.
-        fresh = key(cls)
-        if heap and fresh != stale_key and fresh > heap[0][0]:
-            counter += 1
-            heapq.heappush(heap, (fresh, counter, cls))
             continue
         job = cls.head
         # A class found not to fit, with nothing changed since (no placement, release, node
@@ -170,8 +163,8 @@ def decide(
             if len(cls) > 1 and preempted:
                 # It preempted: the next job of its class may too (each preempts for itself).
                 aside.append((cls, cache.queue.pop_head(cls)))
-                counter += 1
-                heapq.heappush(heap, (key(cls), counter, cls))
+                if len(cls):
+                    order.push(cls)
                 continue
             cache.verdicts[cls.shape] = (snap, mark, status, effects)
             blocked.append(Blocked(cls, status))
@@ -180,8 +173,7 @@ def decide(
         cache.queue.pop_head(cls)
         _assume(cache, state, placement, decisions)
         if len(cls):
-            counter += 1
-            heapq.heappush(heap, (key(cls), counter, cls))
+            order.push(cls)
     for _, job in aside:  # back in line, for the next cycle
         cache.queue.upsert(job)
     cycle = state.data.get("backfill")
@@ -261,6 +253,60 @@ def _share_cache(
 
     state.data["runs_version_bump"] = bump
     state.data["static_mask"] = lambda job: static_mask(profile, state, snap, job)
+
+
+class _KeyHeap:
+    """Classes in the order of ``key(cls)``, one heap, re-keyed lazily: a class whose key went
+    stale (a placement raised its project's share) goes back in line if another now comes first.
+    For profiles whose queue sort ``ClassOrder`` cannot split."""
+
+    def __init__(self, key: Callable[[JobClass], tuple[Any, ...]]) -> None:
+        self._key = key
+        self._heap: list[tuple[tuple[Any, ...], int, JobClass]] = []
+        self._count = 0
+
+    def push(self, cls: JobClass) -> None:
+        self._count += 1
+        heapq.heappush(self._heap, (self._key(cls), self._count, cls))
+
+    def pop(self) -> JobClass:
+        heap = self._heap
+        while True:
+            stale, _, cls = heapq.heappop(heap)
+            fresh = self._key(cls) if len(cls) else stale
+            if not heap or fresh == stale or fresh <= heap[0][0]:
+                return cls
+            self._count += 1
+            heapq.heappush(heap, (fresh, self._count, cls))
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+
+def _class_order(
+    profile: Profile, state: CycleState, snap: Snapshot, key: Callable[[JobClass], tuple[Any, ...]]
+) -> ClassOrder | _KeyHeap:
+    """Projects first (``ClassOrder``) when the queue sort has fair share (the only part of a key
+    that moves within a cycle); one lazily re-keyed heap otherwise."""
+    plugins = profile.queue_sort
+    at = next((i for i, p in enumerate(plugins) if p.name == "fair_share" and hasattr(p, "share")), None)
+    if at is None:
+        return _KeyHeap(key)
+    before, fair, after = plugins[:at], plugins[at], plugins[at + 1 :]
+
+    def tier(head: JobView) -> tuple[Any, ...]:
+        parts: tuple[Any, ...] = ()
+        for plugin in before:
+            parts += plugin.sort_key(state, snap, head)
+        return parts
+
+    def rest(head: JobView) -> tuple[Any, ...]:
+        parts: tuple[Any, ...] = ()
+        for plugin in after:
+            parts += plugin.sort_key(state, snap, head)
+        return (*parts, head.submitted_at, head.id)
+
+    return ClassOrder(tier, lambda project: fair.share(state, snap, project), rest)
 
 
 def _place(

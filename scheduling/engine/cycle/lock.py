@@ -120,10 +120,37 @@ def holder() -> Holder | None:
 
 
 def next_epoch() -> int:
-    """Bump and return the scheduler's epoch, in the current transaction."""
+    """Bump and return the scheduler's epoch, in the current transaction. The database does the
+    increment, so a bump that waited on another transaction's row lock (a pipelined commit's)
+    counts from the epoch that one left."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE scheduling_schedulerstate SET epoch = epoch + 1, last_cycle_at = %s WHERE id = 1 "
+            "RETURNING epoch",
+            [timezone.now()],
+        )
+        row = cursor.fetchone()
+    if row is not None:
+        return int(row[0])
+    SchedulerState.objects.get_or_create(pk=1)
+    return next_epoch()
+
+
+def current_epoch() -> int:
+    """The epoch of the last committed cycle (a pipelined cycle decides on top of it)."""
     state, _ = SchedulerState.objects.get_or_create(pk=1)
-    SchedulerState.objects.filter(pk=1).update(epoch=state.epoch + 1, last_cycle_at=timezone.now())
-    return state.epoch + 1
+    return state.epoch
+
+
+def advance_epoch(expected: int) -> bool:
+    """Move the epoch from ``expected`` to ``expected + 1``, in the current transaction: the fence
+    of a pipelined commit. False — and nothing moved — if any other cycle committed since
+    ``expected`` was read. The row stays locked until the transaction ends, so two commits that
+    expect the same epoch cannot both succeed: the second waits, then finds it moved."""
+    moved = SchedulerState.objects.filter(pk=1, epoch=expected).update(
+        epoch=expected + 1, last_cycle_at=timezone.now()
+    )
+    return moved == 1
 
 
 def _try_lock() -> bool:
