@@ -537,6 +537,9 @@ ORRERY_SCHEDULER_ESTIMATE_BUDGET = int(os.environ.get("ORRERY_SCHEDULER_ESTIMATE
 # pause of a cycle is cut at this many seconds, and a holder of the scheduling lock whose
 # transaction has run longer is terminated and replaced by the next cycle attempted elsewhere.
 ORRERY_SCHEDULER_STALL_S = float(os.environ.get("ORRERY_SCHEDULER_STALL_S", 10))
+# On PostgreSQL a cycle's commit runs on a second connection while the next cycle decides
+# (scheduling/engine/cycle/__init__.py, CyclePipeline); false keeps one transaction per cycle.
+ORRERY_SCHEDULER_PIPELINE = env_bool("ORRERY_SCHEDULER_PIPELINE", True)
 # Simulated clusters: how long a job runs when its spec says nothing (spec.sim.duration).
 ORRERY_SIM_DEFAULT_DURATION_S = int(os.environ.get("ORRERY_SIM_DEFAULT_DURATION_S", 120))
 

@@ -234,11 +234,7 @@ def pipelining() -> bool:
     """Whether cycles commit on a second connection: on PostgreSQL (SQLite, the embedded default,
     has one writer; its cycles stay sequential), unless ``ORRERY_SCHEDULER_PIPELINE`` is off, and
     never inside a caller's transaction, whose rows another connection cannot see."""
-    return (
-        getattr(settings, "ORRERY_SCHEDULER_PIPELINE", True)
-        and is_postgresql()
-        and not connection.in_atomic_block
-    )
+    return settings.ORRERY_SCHEDULER_PIPELINE and is_postgresql() and not connection.in_atomic_block
 
 
 def run_cycles(
