@@ -122,34 +122,26 @@ class Preemption:
         self, state: CycleState, snap: Snapshot, job: JobView, within: str, reclaim: str
     ) -> tuple[list[int], str, list[int], int] | None:
         runs = state.data["runs"]
-        now = state.data["now"]
         book = snap.quota
         model = job.model
-        candidates: list[tuple[int, str]] = []  # (job id, reason)
-        by_queue = _by_queue_model(state, runs)
+        parts: list[_Runs] = []
         if within == PreemptWithinQueue.LOWER_PRIORITY:
-            candidates += [
-                (v, "within_queue")
-                for v in by_queue.get((job.queue_id, model), ())
-                if _may(runs[v], job, strictly_lower=True)
-            ]
+            parts.append(
+                _ordered(state, runs, job.queue_id, model).allowed(job.priority, strictly_lower=True)
+            )
         cohort = book.cohort_of.get(job.queue_id)
         if reclaim != ReclaimWithinCohort.NEVER and cohort and _within_nominal(book, job):
             strictly = reclaim == ReclaimWithinCohort.LOWER_PRIORITY
             for queue in book.members.get(cohort, ()):
                 if queue == job.queue_id or not _borrowing(book, queue, model):
                     continue
-                candidates += [
-                    (v, "reclaim")
-                    for v in by_queue.get((queue, model), ())
-                    if _may(runs[v], job, strictly_lower=strictly)
-                ]
-        if not candidates:
+                parts.append(
+                    _ordered(state, runs, queue, model).allowed(job.priority, strictly_lower=strictly)
+                )
+        # Cheapest first: least lost work, then lowest priority, then newest (ties in the order found).
+        order = _Runs.merged(parts).ids.tolist()
+        if not order:
             return None
-        # Cheapest first: least lost work, then lowest priority, then newest.
-        candidates.sort(key=lambda c: (runs[c[0]].lost_work(now), runs[c[0]].priority, -runs[c[0]].start))
-        reason_of = dict(candidates)
-        order = [v for v, _ in candidates]
         picked = _capacity(state, snap, job, order, runs)
         if picked is None:
             return None
@@ -157,14 +149,8 @@ class Preemption:
         victims = _with_quota(book, job, victims, order, runs)
         if not victims:
             return None  # none would help (it waits on something preemption cannot free)
-        reasons = {reason_of[v] for v in victims}
+        reasons = {"within_queue" if runs[v].queue == job.queue_id else "reclaim" for v in victims}
         return victims, ("within_queue" if reasons == {"within_queue"} else "reclaim"), rows, cluster
-
-
-def _may(run: Any, job: JobView, *, strictly_lower: bool) -> bool:
-    if not run.preemptible or run.draining_until is not None:
-        return False
-    return run.priority < job.priority if strictly_lower else run.priority <= job.priority
 
 
 def _within_nominal(book: QuotaBook, job: JobView) -> bool:
@@ -177,15 +163,74 @@ def _borrowing(book: QuotaBook, queue: int, model: int) -> bool:
     return queue in book.limited and book.used.get(key, 0) > book.nominal.get(key, 0)
 
 
-def _by_queue_model(state: CycleState, runs: dict[int, Any]) -> dict[tuple[int, int], list[int]]:
-    """Running jobs by (queue, model), built once per cycle."""
+@dataclass
+class _Runs:
+    """Running jobs as columns, cheapest to preempt first: ids, lost work, priority, the negated
+    start (the sort key, in that order) and whether each may be preempted at all (preemptible and
+    not already draining)."""
+
+    ids: np.ndarray
+    lost: np.ndarray
+    priority: np.ndarray
+    newest: np.ndarray
+    free: np.ndarray
+
+    def allowed(self, priority: int, *, strictly_lower: bool) -> _Runs:
+        """Those a job of ``priority`` may preempt."""
+        keep = self.free & ((self.priority < priority) if strictly_lower else (self.priority <= priority))
+        return _Runs(self.ids[keep], self.lost[keep], self.priority[keep], self.newest[keep], self.free[keep])
+
+    @staticmethod
+    def merged(parts: list[_Runs]) -> _Runs:
+        """One ordering of several, by the sort key; stable, so ties keep the order of ``parts``."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            empty = np.zeros(0)
+            return _Runs(empty.astype(np.int64), empty, empty.astype(np.int64), empty, empty.astype(bool))
+        cols = [
+            np.concatenate([getattr(p, name) for p in parts])
+            for name in ("ids", "lost", "priority", "newest", "free")
+        ]
+        order = np.lexsort((cols[3], cols[2], cols[1]))
+        return _Runs(*(c[order] for c in cols))
+
+
+def _ordered(state: CycleState, runs: dict[int, Any], queue: int, model: int) -> _Runs:
+    """The running jobs of (queue, model) as ``_Runs``, sorted once per cycle; which may be
+    preempted is re-read after each preemption decided (its victims start draining)."""
     index = state.data.get("preemption.by_queue")
     if index is None:
         index = {}
         for job_id, run in runs.items():
             index.setdefault((run.queue, run.model), []).append(job_id)
         state.data["preemption.by_queue"] = index
-    return index
+        state.data["preemption.ordered"] = {}
+    drained = len(state.data.get("drained", ()))
+    cached = state.data["preemption.ordered"].get((queue, model))
+    if cached is not None and cached[0] == drained:
+        return cached[1]
+    if cached is not None:  # victims started draining since: only who may be preempted changed
+        found = cached[1]
+        found.free = np.fromiter(
+            (runs[v].preemptible and runs[v].draining_until is None for v in found.ids.tolist()),
+            dtype=bool,
+            count=len(found.ids),
+        )
+    else:
+        now = state.data["now"]
+        members = [runs[v] for v in index.get((queue, model), ())]
+        ids = np.fromiter(index.get((queue, model), ()), dtype=np.int64, count=len(members))
+        lost = np.fromiter((r.lost_work(now) for r in members), dtype=float, count=len(members))
+        priority = np.fromiter((r.priority for r in members), dtype=np.int64, count=len(members))
+        newest = np.fromiter((-r.start for r in members), dtype=float, count=len(members))
+        free = np.fromiter(
+            (r.preemptible and r.draining_until is None for r in members), dtype=bool, count=len(members)
+        )
+        order = np.lexsort((newest, priority, lost))
+        found = _Runs(ids[order], lost[order], priority[order], newest[order], free[order])
+    state.data["preemption.ordered"][(queue, model)] = (drained, found)
+    return found
 
 
 def _capacity(
