@@ -198,9 +198,7 @@ def _counted(
 def _phases(cache: SchedulerCache, report: CycleReport, phase: _Phases, limit: int | None) -> _Outcome | None:
     """The five phases, in the caller's transaction; None when another scheduler holds the lock."""
     with phase("1_lock"):
-        stall_s = settings.ORRERY_SCHEDULER_STALL_S
-        lock.bound_transaction(stall_s)
-        if not lock.advisory_lock(stall_s):
+        if not _locked():
             return None
         report.ran = True
         report.epoch = lock.next_epoch()
@@ -208,14 +206,7 @@ def _phases(cache: SchedulerCache, report: CycleReport, phase: _Phases, limit: i
         snap = cache.ensure()
     now = time.time()
     with phase("3_decide"):
-        decided = decide.decide(
-            active_profile(),
-            cache,
-            snap,
-            report.epoch,
-            limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
-            now=now,
-        )
+        decided = _decided(cache, snap, report.epoch, limit, now)
         blocked = decided.blocked
     with phase("4_commit"):
         placed, lost, attempt_ids = commit.commit(decided.placements, snap, report.epoch)
@@ -228,6 +219,20 @@ def _phases(cache: SchedulerCache, report: CycleReport, phase: _Phases, limit: i
         explain.explain(cache, blocked)
         explain.estimates(cache, decided.estimates, now)
     return placed, lost, blocked
+
+
+def _locked() -> bool:
+    """Bound the transaction by the stall setting and take the scheduling lock; False when
+    another scheduler holds it."""
+    stall_s = settings.ORRERY_SCHEDULER_STALL_S
+    lock.bound_transaction(stall_s)
+    return lock.advisory_lock(stall_s)
+
+
+def _decided(cache: SchedulerCache, snap: Any, epoch: int, limit: int | None, now: float) -> decide.Decided:
+    return decide.decide(
+        active_profile(), cache, snap, epoch, limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS, now=now
+    )
 
 
 def pipelining() -> bool:
@@ -381,9 +386,7 @@ class CyclePipeline:
         the lock."""
         cache = self.cache
         with phase("1_lock"):
-            stall_s = settings.ORRERY_SCHEDULER_STALL_S
-            lock.bound_transaction(stall_s)
-            if not lock.advisory_lock(stall_s):
+            if not _locked():
                 return None
             report.ran = True
         with phase("2_sync"):
@@ -400,14 +403,7 @@ class CyclePipeline:
         report.epoch = (self._flight.epoch if self._flight is not None else lock.current_epoch()) + 1
         now = time.time()
         with phase("3_decide"):
-            decided = decide.decide(
-                active_profile(),
-                cache,
-                snap,
-                report.epoch,
-                self.limit or settings.ORRERY_SCHEDULER_MAX_PLACEMENTS,
-                now=now,
-            )
+            decided = _decided(cache, snap, report.epoch, self.limit, now)
         report.unschedulable_classes = len(decided.blocked)
         report.reserved, report.backfilled = decided.reserved, decided.backfilled
         with phase("5_explain"):
