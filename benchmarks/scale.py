@@ -67,7 +67,14 @@ from benchmarks.heartbeats import (  # noqa: E402
     server_pids,
     wait_for_port,
 )
-from benchmarks.scheduler import LIMITS, MODELS, bare_numpy, draw_shape, yardstick_shapes  # noqa: E402
+from benchmarks.scheduler import (  # noqa: E402
+    LIMITS,
+    MODELS,
+    bare_numpy,
+    draw_shape,
+    quota_queues,
+    yardstick_shapes,
+)
 
 # Celery's own line for each task it ran: when it ended, how long it took, what it returned
 FLUSH_LINE = re.compile(
@@ -299,32 +306,11 @@ def build_queue(jobs: int, nodes: int) -> None:
     from django.utils import timezone
 
     from clusters.models import GpuModel
-    from portal.models import Project
-    from scheduling.models import Job, Queue, QueueQuota
+    from scheduling.models import Job
 
     models = {m.slug: m for m in GpuModel.objects.filter(slug__in=MODELS)}
     user = get_user_model().objects.create_user("bench", password="x")
-    queues = []
-    for p in range(4):
-        project = Project.objects.create(name=f"p{p}")
-        for q in range(2):
-            queue = Queue.objects.create(
-                project=project,
-                name=f"q{q}",
-                priority=q * 10,
-                cohort="all",
-                fair_share_weight=1 + p % 2,
-                preempt_within_queue="lower_priority",
-                reclaim_within_cohort="lower_priority",
-            )
-            for model in models.values():
-                QueueQuota.objects.create(
-                    queue=queue,
-                    gpu_model=model,
-                    gpus=nodes * 8 // 8 // 4 * (1 + q),
-                    borrowing_limit=None if p else nodes // 2,
-                )
-            queues.append(queue)
+    queues = quota_queues(models, nodes)
     template = Job.objects.create(
         owner=user,
         project_id=queues[0].project_id,
