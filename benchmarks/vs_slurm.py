@@ -83,7 +83,7 @@ def median_range(values: list[float]) -> dict:
 
 
 class Sampler(threading.Thread):
-    """Polls ``probe`` until stopped; keeps the samples."""
+    """Polls ``probe`` until stopped; keeps the samples. As a context, it samples for the block."""
 
     def __init__(self, probe: Probe, total_gpus: int) -> None:
         super().__init__(daemon=True)
@@ -96,6 +96,14 @@ class Sampler(threading.Thread):
             pending, allocated = self.probe()
             self.samples.append((time.monotonic(), pending, allocated))
             self.stop.wait(SAMPLE_S)
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.join()
 
     def utilisation(self) -> float:
         busy = [allocated for _, pending, allocated in self.samples if pending > 0]
@@ -197,17 +205,12 @@ def slurm_alone(args, env: dict[str, str], jobs: list[tuple[int, int]], say) -> 
     """One client ``sbatch``-es every job; until Slurm has started them all."""
     after = last_job_id(env)
     probe = slurm_probe(env, after, len(jobs))
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
         first = time.monotonic()
         for i, (gpus, seconds) in enumerate(jobs):
             sbatch(env, i, gpus, seconds)
         submit_s = time.monotonic() - first
         all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Slurm alone: all running") - first
-    finally:
-        sampler.stop.set()
-        sampler.join()
     wait_until(lambda: slurm_idle(env), args.timeout, "Slurm alone: every job ended")
     say(f"slurm alone: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
     return {
@@ -228,17 +231,12 @@ def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -
     finally:
         subprocess.run([*partition, "state=up"], env=env, check=True, capture_output=True)
     opened = time.monotonic()
-    sampler = Sampler(slurm_probe(env, after, len(jobs)), args.nodes * args.gpus_per_node)
-    sampler.start()
 
     def ended() -> bool:
         return not any(job_id > after and state in LIVE for job_id, state, _ in squeue(env))
 
-    try:
+    with Sampler(slurm_probe(env, after, len(jobs)), args.nodes * args.gpus_per_node) as sampler:
         elapsed = wait_until(ended, args.timeout, "Slurm: every short job ended") - opened
-    finally:
-        sampler.stop.set()
-        sampler.join()
     failed = sum(1 for job_id, state, _ in squeue(env) if job_id > after and state != "COMPLETED")
     say(f"slurm: {len(jobs)} short jobs in {elapsed:.1f} s ({failed} not completed)")
     return {
@@ -508,18 +506,13 @@ def unix_account() -> Iterator[str]:
 def orrery_over_slurm(args, env: dict[str, str], api: Api, project: str, jobs, say) -> dict:
     after = last_job_id(env)
     probe = slurm_probe(env, after, len(jobs))
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
         first = time.monotonic()
         api.submit_batches([spec(i, g, s, project, "hpc") for i, (g, s) in enumerate(jobs)])
         submit_s = time.monotonic() - first
         all_running = (
             wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery over Slurm: all running") - first
         )
-    finally:
-        sampler.stop.set()
-        sampler.join()
     wait_until(lambda: slurm_idle(env), args.timeout, "Orrery over Slurm: every job ended")
     say(f"orrery over slurm: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
     return {
@@ -640,20 +633,14 @@ def orrery_short(args, api: Api, cluster, project: str, jobs, say) -> dict:
     Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.READY)
     current_app.send_task(CYCLE_TASK)
     opened = time.monotonic()
-    probe = orrery_probe(project)
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
     live = (
         "SELECT count(*) FILTER (WHERE j.state IN ('PENDING', 'SCHEDULED', 'RUNNING')),"
         " count(*) FILTER (WHERE j.state <> 'SUCCEEDED') FROM scheduling_job j"
         " JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s"
     )
-    try:
+    with Sampler(orrery_probe(project), args.nodes * args.gpus_per_node) as sampler:
         elapsed = wait_until(lambda: _sql(live, [project])[0] == 0, args.timeout, "Orrery: every job ended")
         elapsed -= opened
-    finally:
-        sampler.stop.set()
-        sampler.join()
     failed = _sql(live, [project])[1]
     # Where a job's GPUs wait beyond its run: placed → started (delivery), run over → seen ended.
     delivered, seen = _sql_or_none(
@@ -715,10 +702,8 @@ def run_short(args, say) -> dict:
 
 def orrery_classic(args, api: Api, jobs, mode: str, project: str, say) -> dict:
     probe = orrery_probe(project)
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    first = time.monotonic()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
+        first = time.monotonic()
         specs = [spec(i, g, s, project) for i, (g, s) in enumerate(jobs)]
         if mode == "single":
             for body in specs:
@@ -728,9 +713,6 @@ def orrery_classic(args, api: Api, jobs, mode: str, project: str, say) -> dict:
         submit_s = time.monotonic() - first
         say(f"orrery ({mode}): {len(jobs)} jobs submitted in {submit_s:.1f} s")
         all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery: all running") - first
-    finally:
-        sampler.stop.set()
-        sampler.join()
     # Let this run's jobs finish before the next run starts.
     wait_until(lambda: not probe()[1], args.timeout, "Orrery: every job ended")
     prefix = "orrery" if mode == "single" else "orrery_batch"
