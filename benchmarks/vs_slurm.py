@@ -82,6 +82,24 @@ def median_range(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
 
 
+def summarise_rounds(sides: dict[str, list[dict]]) -> dict:
+    """Per side, each figure as median and range over its runs (a figure some run lacks is left
+    out), and the runs themselves."""
+    summary: dict = {}
+    for side, runs in sides.items():
+        summary[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
+        summary[f"{side}_runs"] = runs
+    return summary
+
+
+def median_ratio(result: dict, side: str, yardstick: str, key: str) -> float:
+    return round(result[side][key]["median"] / result[yardstick][key]["median"], 3)
+
+
 class Sampler(threading.Thread):
     """Polls ``probe`` until stopped; keeps the samples. As a context, it samples for the block."""
 
@@ -599,21 +617,9 @@ def run_overhead(args, say) -> dict:
                 if r + 1 < args.rounds:
                     slurm_runs.append(slurm_alone(args, env, jobs, say))
         slurm_runs.append(slurm_alone(args, env, jobs, say))
-    for side, runs in (("slurm", slurm_runs), ("orrery_over_slurm", orrery_runs)):
-        result[side] = {
-            key: median_range([run[key] for run in runs])
-            for key in runs[0]
-            if all(run.get(key) is not None for run in runs)
-        }
-        result[f"{side}_runs"] = runs
-    result["all_running_ratio"] = round(
-        result["orrery_over_slurm"]["all_running_s"]["median"] / result["slurm"]["all_running_s"]["median"], 3
-    )
-    result["utilisation_ratio"] = round(
-        result["orrery_over_slurm"]["gpu_utilisation"]["median"]
-        / result["slurm"]["gpu_utilisation"]["median"],
-        3,
-    )
+    result |= summarise_rounds({"slurm": slurm_runs, "orrery_over_slurm": orrery_runs})
+    result["all_running_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "all_running_s")
+    result["utilisation_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "gpu_utilisation")
     return result
 
 
@@ -681,19 +687,9 @@ def run_short(args, say) -> dict:
                 if r + 1 < args.rounds:
                     slurm_runs.append(slurm_short(args, env, jobs, say))
         slurm_runs.append(slurm_short(args, env, jobs, say))
-    for side, runs in (("slurm", slurm_runs), ("orrery", orrery_runs)):
-        result[side] = {
-            key: median_range([run[key] for run in runs])
-            for key in runs[0]
-            if all(run.get(key) is not None for run in runs)
-        }
-        result[f"{side}_runs"] = runs
-    result["completions_ratio"] = round(
-        result["orrery"]["completions_per_s"]["median"] / result["slurm"]["completions_per_s"]["median"], 3
-    )
-    result["utilisation_ratio"] = round(
-        result["orrery"]["gpu_utilisation"]["median"] / result["slurm"]["gpu_utilisation"]["median"], 3
-    )
+    result |= summarise_rounds({"slurm": slurm_runs, "orrery": orrery_runs})
+    result["completions_ratio"] = median_ratio(result, "orrery", "slurm", "completions_per_s")
+    result["utilisation_ratio"] = median_ratio(result, "orrery", "slurm", "gpu_utilisation")
     return result
 
 
