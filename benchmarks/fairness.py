@@ -25,7 +25,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.heartbeats import wait_for_port  # noqa: E402
 from benchmarks.throwaway import throwaway_database  # noqa: E402
 
 SPEC = {
@@ -208,23 +208,12 @@ def build_world() -> dict[str, tuple[str, str]]:
     return tenants
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"gunicorn did not answer on port {port}")
-
-
 def start_server(args, env: dict[str, str], limit: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "gunicorn", "portal.wsgi:application", "--bind", f"127.0.0.1:{args.port}"]
     argv += ["--workers", str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads)]
     argv += ["--log-level", "warning", "--keep-alive", "30"]
     server = subprocess.Popen(argv, cwd=ROOT, env={**env, "ORRERY_API_TENANT_CONCURRENCY": str(limit)})
-    wait_for_port(args.port)
+    wait_for_port(args.port, timeout=60.0)
     time.sleep(1.0)
     return server
 

@@ -57,6 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.heartbeats import wait_for_port  # noqa: E402
+
 RUN = os.environ.get("ORRERY_BENCH_RUN", str(os.getpid()))
 # The run's own channel-layer prefix: groups and channels left in Redis by an earlier run (a
 # server killed before it left its groups) are not this run's members, backlogs or refusals.
@@ -420,19 +422,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    import socket
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the server did not start on port {port}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -517,7 +506,7 @@ def main() -> None:
             env=env,
             stdout=subprocess.DEVNULL,
         )
-        wait_for_port(args.port)
+        wait_for_port(args.port, timeout=60.0)
         if server.poll() is not None:
             raise SystemExit(f"daphne exited ({server.returncode}): is port {args.port} taken?")
 
