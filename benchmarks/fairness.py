@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.fleet import simulated_fleet  # noqa: E402
 from benchmarks.heartbeats import wait_for_port  # noqa: E402
 from benchmarks.throwaway import throwaway_database  # noqa: E402
 
@@ -175,29 +176,12 @@ def build_world() -> dict[str, tuple[str, str]]:
     """A simulated cluster of 16 nodes with 8 A100s, and tenants a and b, each alone in a project."""
     from django.contrib.auth import get_user_model
 
-    from clusters.choices import ClusterKind, ClusterState, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
     from portal.choices import Role
     from portal.models import Membership, Project
     from portal.services.tokens import issue_token
     from scheduling.models import Queue
 
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=ClusterState.READY)
-    nodes = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=64_000,
-            cpu_millicores_allocatable=64_000,
-            memory_bytes_capacity=512 << 30,
-            memory_bytes_allocatable=512 << 30,
-            gpu_capacity=8,
-        )
-        for i in range(16)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in nodes for g in range(8))
+    simulated_fleet(16)
     tenants = {}
     for name in ("a", "b"):
         user = get_user_model().objects.create_user(f"tenant-{name}", password=f"tenant-{name}")

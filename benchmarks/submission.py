@@ -121,27 +121,11 @@ def setup_orrery() -> str:
     from django.core.management import call_command
     from django.db import connection
 
-    from clusters.choices import ClusterKind, ClusterState, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
+    from benchmarks.fleet import simulated_fleet
     from portal.services.tokens import issue_token
 
     call_command("migrate", verbosity=0)
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=ClusterState.READY)
-    nodes = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i + 1}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=64_000,
-            cpu_millicores_allocatable=64_000,
-            memory_bytes_capacity=512 << 30,
-            memory_bytes_allocatable=512 << 30,
-            gpu_capacity=8,
-        )
-        for i in range(4)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in nodes for g in range(8))
+    simulated_fleet(4)
     user = get_user_model().objects.create_user("bench", password=secrets.token_urlsafe(16))
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TABLE {BARE_TABLE} (id bigserial PRIMARY KEY, body jsonb NOT NULL)")

@@ -59,12 +59,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.fleet import simulated_fleet  # noqa: E402
 from benchmarks.heartbeats import wait_for_port  # noqa: E402
 
 SAMPLE_S = 0.5
 SCRIPT = str(ROOT / "scripts/slurm-dev-cluster.sh")
 STARTED = {"RUNNING", "CONFIGURING", "COMPLETING"}  # holding GPUs in Slurm
 LIVE = {"PENDING", *STARTED}
+SIM_NODE = {"cpu_millicores": 8000, "memory_bytes": 64 << 30}  # the simulated fleet's nodes
 Probe = Callable[[], tuple[int, int]]  # () -> (jobs not started, GPUs allocated)
 
 
@@ -389,30 +391,6 @@ def _wait_for_workers(count: int, timeout: float = 120.0) -> None:
     time.sleep(2)
 
 
-def simulated_fleet(nodes: int, gpus: int, state: str = "ready"):
-    """A simulated cluster of ``nodes`` × ``gpus`` A100s, every node ready."""
-    from clusters.choices import ClusterKind, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
-
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=state)
-    made = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i + 1}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=8000,
-            cpu_millicores_allocatable=8000,
-            memory_bytes_capacity=64 << 30,
-            memory_bytes_allocatable=64 << 30,
-            gpu_capacity=gpus,
-        )
-        for i in range(nodes)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in made for g in range(gpus))
-    return cluster
-
-
 def submitter(username: str, projects: list[str]) -> str:
     """An API token of a user who is a member of ``projects`` (each with a default queue)."""
     from django.contrib.auth import get_user_model
@@ -679,7 +657,7 @@ def run_short(args, say) -> dict:
         result["slurm_start_s"] = float(env["slurm_start_s"])
         slurm_runs.append(slurm_short(args, env, jobs, say))
         with orrery_stack() as port:
-            cluster = simulated_fleet(args.nodes, args.gpus_per_node)
+            cluster = simulated_fleet(args.nodes, args.gpus_per_node, **SIM_NODE)
             projects = [f"short-{r}" for r in range(args.rounds)]
             api = Api(port, submitter("bench", projects))
             for r, project in enumerate(projects):
@@ -730,7 +708,7 @@ def run_classic(args, say) -> dict:
         result["slurm_start_s"] = float(env["slurm_start_s"])
         result |= {f"slurm_{k}": v for k, v in slurm_alone(args, env, jobs, say).items()}
     with orrery_stack() as port:
-        simulated_fleet(args.nodes, args.gpus_per_node)
+        simulated_fleet(args.nodes, args.gpus_per_node, **SIM_NODE)
         api = Api(port, submitter("bench", ["bench", "bench-batch"]))
         result |= orrery_classic(args, api, jobs, "single", "bench", say)
         result |= orrery_classic(args, api, jobs, "batch", "bench-batch", say)
