@@ -67,6 +67,22 @@ def gpu_report(gpus: int, seq: int) -> list[dict]:
     ]
 
 
+def post_agent(
+    conn: http.client.HTTPConnection, path: str, body: bytes, credential: str
+) -> tuple[http.client.HTTPConnection, int | None, dict | None]:
+    """POST one agent request on ``conn``: the connection to go on with, the status and the
+    answer; on a broken connection, a fresh one to the same server and no status."""
+    try:
+        conn.request(
+            "POST", path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"}
+        )
+        response = conn.getresponse()
+        return conn, response.status, orjson.loads(response.read())
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return http.client.HTTPConnection(conn.host, conn.port, timeout=conn.timeout), None, None
+
+
 # --- load generators (run in child processes) ---------------------------------------------------
 
 
@@ -102,22 +118,12 @@ def batched_client(
                     ],
                 }
             )
-            try:
-                conn.request(
-                    "POST",
-                    "/api/v1/agent/report",
-                    body,
-                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
-                )
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/report", body, credential)
+            if status is None:
                 errors += 1
                 continue
             requests += 1
-            if response.status == 200 and answer["accepted"] == len(nodes):
+            if status == 200 and answer["accepted"] == len(nodes):
                 accepted += len(nodes)
                 last.update({node_id: seq for node_id, _ in nodes})
             else:
@@ -151,22 +157,12 @@ def per_node_client(
                 }
             )
             started = time.perf_counter()
-            try:
-                conn.request(
-                    "POST",
-                    "/api/v1/agent/heartbeat",
-                    body,
-                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
-                )
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/heartbeat", body, credential)
+            if status is None:
                 errors += 1
                 continue
             latencies.append((time.perf_counter() - started) * 1000)
-            if response.status == 200 and answer["accepted"]:
+            if status == 200 and answer["accepted"]:
                 last[node_id] = seq
             else:
                 errors += 1

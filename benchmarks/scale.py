@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.heartbeats import (  # noqa: E402
     gpu_report,
     percentile,
+    post_agent,
     process_cpu_seconds,
     server_pids,
     wait_for_port,
@@ -371,17 +372,11 @@ def post_rounds(
                     ],
                 }
             )
-            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"}
-            try:
-                conn.request("POST", "/api/v1/agent/report", body, headers)
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/report", body, credential)
+            if status is None:
                 errors += 1
                 continue
-            if response.status == 200 and answer["accepted"] == len(nodes):
+            if status == 200 and answer["accepted"] == len(nodes):
                 accepted += len(nodes)
                 last.update({node_id: seq for node_id, _ in nodes})
             else:
