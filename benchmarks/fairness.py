@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fleet import simulated_fleet  # noqa: E402
-from benchmarks.heartbeats import wait_for_port  # noqa: E402
+from benchmarks.heartbeats import stop_process, wait_for_port  # noqa: E402
 from benchmarks.throwaway import throwaway_database  # noqa: E402
 
 SPEC = {
@@ -202,15 +202,6 @@ def start_server(args, env: dict[str, str], limit: int) -> subprocess.Popen:
     return server
 
 
-def stop_server(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=4, help="ORRERY_API_TENANT_CONCURRENCY when on")
@@ -268,7 +259,7 @@ def main() -> None:
                         "b_ratio_to_alone": ratios(during["b"], alone),
                     }
             finally:
-                stop_server(server)
+                stop_process(server, 30)
             result[label] = block
     print(json.dumps(result, indent=None if args.json else 2))
 

@@ -294,6 +294,17 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
     raise SystemExit(f"the server did not start on port {port}")
 
 
+def stop_process(process: subprocess.Popen, grace: float) -> None:
+    """Terminate ``process`` if it still runs; killed if it has not exited within ``grace`` s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)

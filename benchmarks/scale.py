@@ -66,6 +66,7 @@ from benchmarks.heartbeats import (  # noqa: E402
     post_agent,
     process_cpu_seconds,
     server_pids,
+    stop_process,
     wait_for_port,
 )
 from benchmarks.scheduler import (  # noqa: E402
@@ -199,12 +200,7 @@ def main() -> None:
         print(json.dumps(result, indent=None if args.json else 2))
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_process(process, 20)
         from django.db import connections
 
         connections.close_all()

@@ -280,7 +280,7 @@ def median(values: list[float]) -> float:
 def run(args) -> dict:
     import psycopg
 
-    from benchmarks.heartbeats import wait_for_port
+    from benchmarks.heartbeats import stop_process, wait_for_port
 
     db_name = f"orrery_submission_{os.getpid()}"
     env = environment(db_name)
@@ -328,11 +328,7 @@ def run(args) -> dict:
         raise
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_process(server, 20)
         from django.db import connections
 
         connections.close_all()

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.heartbeats import wait_for_port  # noqa: E402
+from benchmarks.heartbeats import stop_process, wait_for_port  # noqa: E402
 
 RUN = os.environ.get("ORRERY_BENCH_RUN", str(os.getpid()))
 # The run's own channel-layer prefix: groups and channels left in Redis by an earlier run (a
@@ -636,13 +636,8 @@ def main() -> None:
             if process.is_alive():
                 process.terminate()
             process.join(5)
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(5)
-            except subprocess.TimeoutExpired:  # still closing a thousand sockets: no need to wait
-                server.kill()
-                server.wait()
+        if server is not None:
+            stop_process(server, 5)  # past that, still closing a thousand sockets: no need to wait
         from django.db import connections
 
         connections.close_all()
