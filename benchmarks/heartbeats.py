@@ -339,11 +339,10 @@ def main() -> None:
     }
     os.environ.update(env)
 
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin_dsn, db_name)
     server = bare = None
     bare_prefix = ""
     try:
@@ -451,14 +450,10 @@ def main() -> None:
 
             store = redis.Redis.from_url(redis_url)
             store.delete(*(bare_prefix + k for k in BUFFER_KEYS))
-        from django.db import connections
-
-        connections.close_all()
         from clusters.ingest.buffer import get_buffer
 
         get_buffer().clear()
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin_dsn, db_name)
 
 
 def build_fleet(nodes: int, clusters: int, gpus: int) -> dict:

@@ -133,9 +133,10 @@ def main() -> None:
     os.environ.update(env)
     import psycopg
 
+    from benchmarks.throwaway import create_database, drop_database
+
     admin = f"{server_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     processes: list[subprocess.Popen] = []
     try:
         import django
@@ -201,12 +202,8 @@ def main() -> None:
     finally:
         for process in processes:
             stop_process(process, 20)
-        from django.db import connections
-
-        connections.close_all()
         forget_redis(env["REDIS_URL"], tag)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
 
 
 # --- the fleet and the queue, by COPY -----------------------------------------------------------

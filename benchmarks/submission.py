@@ -278,16 +278,14 @@ def median(values: list[float]) -> float:
 
 
 def run(args) -> dict:
-    import psycopg
-
     from benchmarks.heartbeats import stop_process, wait_for_port
+    from benchmarks.throwaway import create_database, drop_database
 
     db_name = f"orrery_submission_{os.getpid()}"
     env = environment(db_name)
     os.environ.update(env)
     admin = env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     server = None
     say = (lambda *a: print(*a, file=sys.stderr)) if not args.quiet else (lambda *a: None)
     try:
@@ -329,11 +327,7 @@ def run(args) -> dict:
     finally:
         if server is not None:
             stop_process(server, 20)
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
         shutil.rmtree(env["ORRERY_DATA_DIR"], ignore_errors=True)
     single, batch = median(samples["single"]), median(samples["batch"])
     sbatch, bare = median(samples["sbatch"]), median(samples["bare"])
@@ -358,15 +352,14 @@ def profile(args) -> None:
     import io
     import pstats
 
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     db_name = f"orrery_submission_prof_{os.getpid()}"
     env = environment(db_name)
     env["ORRERY_ENVIRONMENT"] = "development"
     os.environ.update(env)
     admin = env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     try:
         token = setup_orrery()
         project = new_project()
@@ -418,11 +411,7 @@ def profile(args) -> None:
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
         print(out.getvalue(), file=sys.stderr)
     finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
         shutil.rmtree(env["ORRERY_DATA_DIR"], ignore_errors=True)
 
 

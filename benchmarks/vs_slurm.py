@@ -282,7 +282,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
     worker with beat, and ``dispatchers`` more workers for the dispatch queue alone (delivery and
     sync; 0: the first worker serves it too). Yields the API's port once Django is set up here
     too. Everything is stopped and dropped afterwards."""
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
     db_name = f"orrery_vs_slurm_{os.getpid()}"
@@ -303,8 +303,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
     env.pop("SLURM_JWT", None)
     os.environ.update(env)
     admin = base.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     processes: list[subprocess.Popen] = []
     try:
         import django
@@ -371,11 +370,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
             except subprocess.TimeoutExpired:  # a worker in the middle of a long delivery
                 process.kill()
                 process.wait()
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

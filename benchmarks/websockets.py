@@ -469,11 +469,10 @@ def main() -> None:
             probe.bind(("127.0.0.1", 0))
             args.port = probe.getsockname()[1]
 
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin_dsn, db_name)
     server = None
     clients: list[tuple[Any, Any]] = []
     try:
@@ -638,11 +637,7 @@ def main() -> None:
             process.join(5)
         if server is not None:
             stop_process(server, 5)  # past that, still closing a thousand sockets: no need to wait
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin_dsn, db_name)
 
 
 if __name__ == "__main__":
