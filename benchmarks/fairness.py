@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fleet import simulated_fleet  # noqa: E402
-from benchmarks.heartbeats import stop_process, wait_for_port  # noqa: E402
+from benchmarks.heartbeats import percentile, stop_process, wait_for_port  # noqa: E402
 from benchmarks.throwaway import throwaway_database  # noqa: E402
 
 SPEC = {
@@ -45,13 +45,6 @@ SPEC = {
     "metadata": {"name": "bench", "project": ""},
     "spec": {"queue": "default", "resources": {"gpus": "a100:1"}, "timeLimit": "1h", "run": "true"},
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 # --- load generators (child processes; no Django here) -----------------------------------------

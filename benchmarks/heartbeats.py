@@ -281,6 +281,15 @@ def per_node_phase(
     return sum(len(o["latencies"]) for o in outcomes) / (time.monotonic() - started), outcomes
 
 
+def free_port() -> int:
+    """A loopback port no one listens on now, for a server this run starts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for_port(port: int, timeout: float = 30.0) -> None:
     import socket
 

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.heartbeats import (  # noqa: E402
+    free_port,
     gpu_report,
     percentile,
     post_agent,
@@ -508,14 +509,6 @@ def ingest(args, env: dict, fleet: dict, processes: list, say) -> dict:
         "rss_mb_web": rss["web"],
         "rss_mb_workers": rss["workers"],
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pids: list[int]) -> list[int]:

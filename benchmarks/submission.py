@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -81,12 +80,6 @@ if os.environ.get("ORRERY_SUBMISSION_BENCH_SERVE"):
 
 
 # --- setup -------------------------------------------------------------------------------------
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def environment(db_name: str) -> dict[str, str]:
@@ -278,7 +271,7 @@ def median(values: list[float]) -> float:
 
 
 def run(args) -> dict:
-    from benchmarks.heartbeats import stop_process, wait_for_port
+    from benchmarks.heartbeats import free_port, stop_process, wait_for_port
     from benchmarks.throwaway import create_database, drop_database
 
     db_name = f"orrery_submission_{os.getpid()}"
@@ -291,7 +284,7 @@ def run(args) -> dict:
     try:
         token = setup_orrery()
         Path(env["ORRERY_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
-        port = _port()
+        port = free_port()
         argv = [sys.executable, "-m", "gunicorn", "benchmarks.submission:application", "--bind"]
         argv += [f"127.0.0.1:{port}", "--workers", "2", "--worker-class", "gthread", "--threads", "4"]
         argv += ["--log-level", "warning"]

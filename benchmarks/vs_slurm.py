@@ -45,7 +45,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.fleet import simulated_fleet  # noqa: E402
-from benchmarks.heartbeats import wait_for_port  # noqa: E402
+from benchmarks.heartbeats import free_port, wait_for_port  # noqa: E402
 
 SAMPLE_S = 0.5
 SCRIPT = str(ROOT / "scripts/slurm-dev-cluster.sh")
@@ -270,12 +269,6 @@ def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -
 # --- Orrery -----------------------------------------------------------------------------------
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) -> Iterator[int]:
     """A throwaway database, migrated, and the production processes on it: gunicorn, one Celery
@@ -313,7 +306,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        port = _port()
+        port = free_port()
         gunicorn = [
             sys.executable,
             "-m",

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.heartbeats import stop_process, wait_for_port  # noqa: E402
+from benchmarks.heartbeats import free_port, percentile, stop_process, wait_for_port  # noqa: E402
 
 RUN = os.environ.get("ORRERY_BENCH_RUN", str(os.getpid()))
 # The run's own channel-layer prefix: groups and channels left in Redis by an earlier run (a
@@ -110,13 +110,6 @@ def __getattr__(name: str) -> Any:
         return await orrery(scope, receive, send)
 
     return app
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 # --- load generator (child processes) -----------------------------------------------------------
@@ -463,11 +456,7 @@ def main() -> None:
         env["ORRERY_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     os.environ.update(env)
     if not args.port:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            args.port = probe.getsockname()[1]
+        args.port = free_port()
 
     from benchmarks.throwaway import create_database, drop_database
 
