@@ -25,7 +25,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.fleet import simulated_fleet  # noqa: E402
+from benchmarks.heartbeats import percentile, stop_process, wait_for_port  # noqa: E402
 from benchmarks.throwaway import throwaway_database  # noqa: E402
 
 SPEC = {
@@ -44,13 +45,6 @@ SPEC = {
     "metadata": {"name": "bench", "project": ""},
     "spec": {"queue": "default", "resources": {"gpus": "a100:1"}, "timeLimit": "1h", "run": "true"},
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 # --- load generators (child processes; no Django here) -----------------------------------------
@@ -175,29 +169,12 @@ def build_world() -> dict[str, tuple[str, str]]:
     """A simulated cluster of 16 nodes with 8 A100s, and tenants a and b, each alone in a project."""
     from django.contrib.auth import get_user_model
 
-    from clusters.choices import ClusterKind, ClusterState, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
     from portal.choices import Role
     from portal.models import Membership, Project
     from portal.services.tokens import issue_token
     from scheduling.models import Queue
 
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=ClusterState.READY)
-    nodes = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=64_000,
-            cpu_millicores_allocatable=64_000,
-            memory_bytes_capacity=512 << 30,
-            memory_bytes_allocatable=512 << 30,
-            gpu_capacity=8,
-        )
-        for i in range(16)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in nodes for g in range(8))
+    simulated_fleet(16)
     tenants = {}
     for name in ("a", "b"):
         user = get_user_model().objects.create_user(f"tenant-{name}", password=f"tenant-{name}")
@@ -208,34 +185,14 @@ def build_world() -> dict[str, tuple[str, str]]:
     return tenants
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"gunicorn did not answer on port {port}")
-
-
 def start_server(args, env: dict[str, str], limit: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "gunicorn", "portal.wsgi:application", "--bind", f"127.0.0.1:{args.port}"]
     argv += ["--workers", str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads)]
     argv += ["--log-level", "warning", "--keep-alive", "30"]
     server = subprocess.Popen(argv, cwd=ROOT, env={**env, "ORRERY_API_TENANT_CONCURRENCY": str(limit)})
-    wait_for_port(args.port)
+    wait_for_port(args.port, timeout=60.0)
     time.sleep(1.0)
     return server
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 def main() -> None:
@@ -295,7 +252,7 @@ def main() -> None:
                         "b_ratio_to_alone": ratios(during["b"], alone),
                     }
             finally:
-                stop_server(server)
+                stop_process(server, 30)
             result[label] = block
     print(json.dumps(result, indent=None if args.json else 2))
 

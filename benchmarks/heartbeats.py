@@ -67,6 +67,22 @@ def gpu_report(gpus: int, seq: int) -> list[dict]:
     ]
 
 
+def post_agent(
+    conn: http.client.HTTPConnection, path: str, body: bytes, credential: str
+) -> tuple[http.client.HTTPConnection, int | None, dict | None]:
+    """POST one agent request on ``conn``: the connection to go on with, the status and the
+    answer; on a broken connection, a fresh one to the same server and no status."""
+    try:
+        conn.request(
+            "POST", path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"}
+        )
+        response = conn.getresponse()
+        return conn, response.status, orjson.loads(response.read())
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return http.client.HTTPConnection(conn.host, conn.port, timeout=conn.timeout), None, None
+
+
 # --- load generators (run in child processes) ---------------------------------------------------
 
 
@@ -102,22 +118,12 @@ def batched_client(
                     ],
                 }
             )
-            try:
-                conn.request(
-                    "POST",
-                    "/api/v1/agent/report",
-                    body,
-                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
-                )
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/report", body, credential)
+            if status is None:
                 errors += 1
                 continue
             requests += 1
-            if response.status == 200 and answer["accepted"] == len(nodes):
+            if status == 200 and answer["accepted"] == len(nodes):
                 accepted += len(nodes)
                 last.update({node_id: seq for node_id, _ in nodes})
             else:
@@ -151,22 +157,12 @@ def per_node_client(
                 }
             )
             started = time.perf_counter()
-            try:
-                conn.request(
-                    "POST",
-                    "/api/v1/agent/heartbeat",
-                    body,
-                    {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"},
-                )
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/heartbeat", body, credential)
+            if status is None:
                 errors += 1
                 continue
             latencies.append((time.perf_counter() - started) * 1000)
-            if response.status == 200 and answer["accepted"]:
+            if status == 200 and answer["accepted"]:
                 last[node_id] = seq
             else:
                 errors += 1
@@ -285,6 +281,15 @@ def per_node_phase(
     return sum(len(o["latencies"]) for o in outcomes) / (time.monotonic() - started), outcomes
 
 
+def free_port() -> int:
+    """A loopback port no one listens on now, for a server this run starts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for_port(port: int, timeout: float = 30.0) -> None:
     import socket
 
@@ -296,6 +301,17 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"the server did not start on port {port}")
+
+
+def stop_process(process: subprocess.Popen, grace: float) -> None:
+    """Terminate ``process`` if it still runs; killed if it has not exited within ``grace`` s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def main() -> None:
@@ -332,11 +348,10 @@ def main() -> None:
     }
     os.environ.update(env)
 
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin_dsn, db_name)
     server = bare = None
     bare_prefix = ""
     try:
@@ -444,14 +459,10 @@ def main() -> None:
 
             store = redis.Redis.from_url(redis_url)
             store.delete(*(bare_prefix + k for k in BUFFER_KEYS))
-        from django.db import connections
-
-        connections.close_all()
         from clusters.ingest.buffer import get_buffer
 
         get_buffer().clear()
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin_dsn, db_name)
 
 
 def build_fleet(nodes: int, clusters: int, gpus: int) -> dict:

@@ -61,13 +61,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.heartbeats import (  # noqa: E402
+    free_port,
     gpu_report,
     percentile,
+    post_agent,
     process_cpu_seconds,
     server_pids,
+    stop_process,
     wait_for_port,
 )
-from benchmarks.scheduler import LIMITS, MODELS, bare_numpy, draw_shape, yardstick_shapes  # noqa: E402
+from benchmarks.scheduler import (  # noqa: E402
+    LIMITS,
+    MODELS,
+    bare_numpy,
+    draw_shape,
+    quota_queues,
+    yardstick_shapes,
+)
 
 # Celery's own line for each task it ran: when it ended, how long it took, what it returned
 FLUSH_LINE = re.compile(
@@ -124,9 +134,10 @@ def main() -> None:
     os.environ.update(env)
     import psycopg
 
+    from benchmarks.throwaway import create_database, drop_database
+
     admin = f"{server_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     processes: list[subprocess.Popen] = []
     try:
         import django
@@ -191,18 +202,9 @@ def main() -> None:
         print(json.dumps(result, indent=None if args.json else 2))
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-        from django.db import connections
-
-        connections.close_all()
+            stop_process(process, 20)
         forget_redis(env["REDIS_URL"], tag)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
 
 
 # --- the fleet and the queue, by COPY -----------------------------------------------------------
@@ -299,32 +301,11 @@ def build_queue(jobs: int, nodes: int) -> None:
     from django.utils import timezone
 
     from clusters.models import GpuModel
-    from portal.models import Project
-    from scheduling.models import Job, Queue, QueueQuota
+    from scheduling.models import Job
 
     models = {m.slug: m for m in GpuModel.objects.filter(slug__in=MODELS)}
     user = get_user_model().objects.create_user("bench", password="x")
-    queues = []
-    for p in range(4):
-        project = Project.objects.create(name=f"p{p}")
-        for q in range(2):
-            queue = Queue.objects.create(
-                project=project,
-                name=f"q{q}",
-                priority=q * 10,
-                cohort="all",
-                fair_share_weight=1 + p % 2,
-                preempt_within_queue="lower_priority",
-                reclaim_within_cohort="lower_priority",
-            )
-            for model in models.values():
-                QueueQuota.objects.create(
-                    queue=queue,
-                    gpu_model=model,
-                    gpus=nodes * 8 // 8 // 4 * (1 + q),
-                    borrowing_limit=None if p else nodes // 2,
-                )
-            queues.append(queue)
+    queues = quota_queues(models, nodes)
     template = Job.objects.create(
         owner=user,
         project_id=queues[0].project_id,
@@ -385,17 +366,11 @@ def post_rounds(
                     ],
                 }
             )
-            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {credential}"}
-            try:
-                conn.request("POST", "/api/v1/agent/report", body, headers)
-                response = conn.getresponse()
-                answer = orjson.loads(response.read())
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn, status, answer = post_agent(conn, "/api/v1/agent/report", body, credential)
+            if status is None:
                 errors += 1
                 continue
-            if response.status == 200 and answer["accepted"] == len(nodes):
+            if status == 200 and answer["accepted"] == len(nodes):
                 accepted += len(nodes)
                 last.update({node_id: seq for node_id, _ in nodes})
             else:
@@ -534,14 +509,6 @@ def ingest(args, env: dict, fleet: dict, processes: list, say) -> dict:
         "rss_mb_web": rss["web"],
         "rss_mb_workers": rss["workers"],
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pids: list[int]) -> list[int]:

@@ -199,8 +199,7 @@ def build(nodes: int, jobs: int, clusters: int, fine: bool = False) -> dict:
     from django.utils import timezone
 
     from clusters.models import Cluster, GpuDevice, GpuModel, Node
-    from portal.models import Project
-    from scheduling.models import Job, Queue, QueueQuota
+    from scheduling.models import Job
 
     models = {m.slug: m for m in GpuModel.objects.filter(slug__in=MODELS)}
     node_model: list[str] = []
@@ -260,27 +259,7 @@ def build(nodes: int, jobs: int, clusters: int, fine: bool = False) -> dict:
         if fine:
             instances += mig_instances(devices)
     user = get_user_model().objects.create_user("bench", password="x")
-    queues = []
-    for p in range(4):
-        project = Project.objects.create(name=f"p{p}")
-        for q in range(2):
-            queue = Queue.objects.create(
-                project=project,
-                name=f"q{q}",
-                priority=q * 10,
-                cohort="all",
-                fair_share_weight=1 + p % 2,
-                preempt_within_queue="lower_priority",
-                reclaim_within_cohort="lower_priority",
-            )
-            for model in models.values():
-                QueueQuota.objects.create(
-                    queue=queue,
-                    gpu_model=model,
-                    gpus=nodes * 8 // 8 // 4 * (1 + q),
-                    borrowing_limit=None if p else nodes // 2,
-                )
-            queues.append(queue)
+    queues = quota_queues(models, nodes)
     rows = []
     counts = {"mig_jobs": 0, "shared_jobs": 0}
     for j in range(jobs):
@@ -318,6 +297,36 @@ def build(nodes: int, jobs: int, clusters: int, fine: bool = False) -> dict:
         "mig_instances": instances,
         **counts,
     }
+
+
+def quota_queues(models: dict, nodes: int) -> list:
+    """4 projects × 2 queues in one cohort, each with a quota per GPU model sized to ``nodes``;
+    the queues the scheduler and scale benchmarks fill, in submission order."""
+    from portal.models import Project
+    from scheduling.models import Queue, QueueQuota
+
+    queues = []
+    for p in range(4):
+        project = Project.objects.create(name=f"p{p}")
+        for q in range(2):
+            queue = Queue.objects.create(
+                project=project,
+                name=f"q{q}",
+                priority=q * 10,
+                cohort="all",
+                fair_share_weight=1 + p % 2,
+                preempt_within_queue="lower_priority",
+                reclaim_within_cohort="lower_priority",
+            )
+            for model in models.values():
+                QueueQuota.objects.create(
+                    queue=queue,
+                    gpu_model=model,
+                    gpus=nodes * 8 // 8 // 4 * (1 + q),
+                    borrowing_limit=None if p else nodes // 2,
+                )
+            queues.append(queue)
+    return queues
 
 
 def draw_shape(rng: Any) -> tuple[str, int, int]:

@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -83,12 +82,6 @@ if os.environ.get("ORRERY_SUBMISSION_BENCH_SERVE"):
 # --- setup -------------------------------------------------------------------------------------
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def environment(db_name: str) -> dict[str, str]:
     from cryptography.fernet import Fernet
 
@@ -121,27 +114,11 @@ def setup_orrery() -> str:
     from django.core.management import call_command
     from django.db import connection
 
-    from clusters.choices import ClusterKind, ClusterState, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
+    from benchmarks.fleet import simulated_fleet
     from portal.services.tokens import issue_token
 
     call_command("migrate", verbosity=0)
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=ClusterState.READY)
-    nodes = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i + 1}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=64_000,
-            cpu_millicores_allocatable=64_000,
-            memory_bytes_capacity=512 << 30,
-            memory_bytes_allocatable=512 << 30,
-            gpu_capacity=8,
-        )
-        for i in range(4)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in nodes for g in range(8))
+    simulated_fleet(4)
     user = get_user_model().objects.create_user("bench", password=secrets.token_urlsafe(16))
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TABLE {BARE_TABLE} (id bigserial PRIMARY KEY, body jsonb NOT NULL)")
@@ -294,22 +271,20 @@ def median(values: list[float]) -> float:
 
 
 def run(args) -> dict:
-    import psycopg
-
-    from benchmarks.heartbeats import wait_for_port
+    from benchmarks.heartbeats import free_port, stop_process, wait_for_port
+    from benchmarks.throwaway import create_database, drop_database
 
     db_name = f"orrery_submission_{os.getpid()}"
     env = environment(db_name)
     os.environ.update(env)
     admin = env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     server = None
     say = (lambda *a: print(*a, file=sys.stderr)) if not args.quiet else (lambda *a: None)
     try:
         token = setup_orrery()
         Path(env["ORRERY_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
-        port = _port()
+        port = free_port()
         argv = [sys.executable, "-m", "gunicorn", "benchmarks.submission:application", "--bind"]
         argv += [f"127.0.0.1:{port}", "--workers", "2", "--worker-class", "gthread", "--threads", "4"]
         argv += ["--log-level", "warning"]
@@ -344,16 +319,8 @@ def run(args) -> dict:
         raise
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+            stop_process(server, 20)
+        drop_database(admin, db_name)
         shutil.rmtree(env["ORRERY_DATA_DIR"], ignore_errors=True)
     single, batch = median(samples["single"]), median(samples["batch"])
     sbatch, bare = median(samples["sbatch"]), median(samples["bare"])
@@ -378,15 +345,14 @@ def profile(args) -> None:
     import io
     import pstats
 
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     db_name = f"orrery_submission_prof_{os.getpid()}"
     env = environment(db_name)
     env["ORRERY_ENVIRONMENT"] = "development"
     os.environ.update(env)
     admin = env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     try:
         token = setup_orrery()
         project = new_project()
@@ -438,11 +404,7 @@ def profile(args) -> None:
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
         print(out.getvalue(), file=sys.stderr)
     finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
         shutil.rmtree(env["ORRERY_DATA_DIR"], ignore_errors=True)
 
 

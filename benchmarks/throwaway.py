@@ -2,6 +2,8 @@
 
 Benchmarks run Orrery in-process against ``DATABASE_URL``'s server (default: loopback), each in
 a database of its own named after the benchmark and the process, so two runs never share rows.
+Benchmarks that set up the rest themselves (a Redis, server processes) use ``create_database`` and
+``drop_database`` alone.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ def throwaway_database(prefix: str) -> Iterator[str]:
     """Create ``<prefix>_<pid>``, point Django at it (in-process: no Redis, quiet logs, no
     periodic scheduler resync), migrate it, yield its URL; drop it afterwards, whatever
     happened."""
-    import psycopg
-
     base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
     name = f"{prefix}_{os.getpid()}"
     server = base.rsplit("/", 1)[0]
@@ -31,8 +31,7 @@ def throwaway_database(prefix: str) -> Iterator[str]:
     )
     os.environ.pop("REDIS_URL", None)  # the in-process heartbeat buffer and cache: one process
     admin = f"{server}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    create_database(admin, name)
     try:
         import django
 
@@ -42,8 +41,22 @@ def throwaway_database(prefix: str) -> Iterator[str]:
         call_command("migrate", verbosity=0)
         yield os.environ["DATABASE_URL"]
     finally:
-        from django.db import connections
+        drop_database(admin, name)
 
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+def create_database(admin: str, name: str) -> None:
+    """Create database ``name`` on the server of ``admin`` (a URL of its maintenance database)."""
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(admin: str, name: str) -> None:
+    """Close this process's connections, then drop ``name`` whoever else is still connected."""
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

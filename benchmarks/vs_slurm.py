@@ -45,7 +45,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,12 +58,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.heartbeats import wait_for_port  # noqa: E402
+from benchmarks.fleet import simulated_fleet  # noqa: E402
+from benchmarks.heartbeats import free_port, wait_for_port  # noqa: E402
 
 SAMPLE_S = 0.5
 SCRIPT = str(ROOT / "scripts/slurm-dev-cluster.sh")
 STARTED = {"RUNNING", "CONFIGURING", "COMPLETING"}  # holding GPUs in Slurm
 LIVE = {"PENDING", *STARTED}
+SIM_NODE = {"cpu_millicores": 8000, "memory_bytes": 64 << 30}  # the simulated fleet's nodes
 Probe = Callable[[], tuple[int, int]]  # () -> (jobs not started, GPUs allocated)
 
 
@@ -82,8 +83,26 @@ def median_range(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
 
 
+def summarise_rounds(sides: dict[str, list[dict]]) -> dict:
+    """Per side, each figure as median and range over its runs (a figure some run lacks is left
+    out), and the runs themselves."""
+    summary: dict = {}
+    for side, runs in sides.items():
+        summary[side] = {
+            key: median_range([run[key] for run in runs])
+            for key in runs[0]
+            if all(run.get(key) is not None for run in runs)
+        }
+        summary[f"{side}_runs"] = runs
+    return summary
+
+
+def median_ratio(result: dict, side: str, yardstick: str, key: str) -> float:
+    return round(result[side][key]["median"] / result[yardstick][key]["median"], 3)
+
+
 class Sampler(threading.Thread):
-    """Polls ``probe`` until stopped; keeps the samples."""
+    """Polls ``probe`` until stopped; keeps the samples. As a context, it samples for the block."""
 
     def __init__(self, probe: Probe, total_gpus: int) -> None:
         super().__init__(daemon=True)
@@ -96,6 +115,14 @@ class Sampler(threading.Thread):
             pending, allocated = self.probe()
             self.samples.append((time.monotonic(), pending, allocated))
             self.stop.wait(SAMPLE_S)
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.join()
 
     def utilisation(self) -> float:
         busy = [allocated for _, pending, allocated in self.samples if pending > 0]
@@ -197,17 +224,12 @@ def slurm_alone(args, env: dict[str, str], jobs: list[tuple[int, int]], say) -> 
     """One client ``sbatch``-es every job; until Slurm has started them all."""
     after = last_job_id(env)
     probe = slurm_probe(env, after, len(jobs))
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
         first = time.monotonic()
         for i, (gpus, seconds) in enumerate(jobs):
             sbatch(env, i, gpus, seconds)
         submit_s = time.monotonic() - first
         all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Slurm alone: all running") - first
-    finally:
-        sampler.stop.set()
-        sampler.join()
     wait_until(lambda: slurm_idle(env), args.timeout, "Slurm alone: every job ended")
     say(f"slurm alone: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
     return {
@@ -228,17 +250,12 @@ def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -
     finally:
         subprocess.run([*partition, "state=up"], env=env, check=True, capture_output=True)
     opened = time.monotonic()
-    sampler = Sampler(slurm_probe(env, after, len(jobs)), args.nodes * args.gpus_per_node)
-    sampler.start()
 
     def ended() -> bool:
         return not any(job_id > after and state in LIVE for job_id, state, _ in squeue(env))
 
-    try:
+    with Sampler(slurm_probe(env, after, len(jobs)), args.nodes * args.gpus_per_node) as sampler:
         elapsed = wait_until(ended, args.timeout, "Slurm: every short job ended") - opened
-    finally:
-        sampler.stop.set()
-        sampler.join()
     failed = sum(1 for job_id, state, _ in squeue(env) if job_id > after and state != "COMPLETED")
     say(f"slurm: {len(jobs)} short jobs in {elapsed:.1f} s ({failed} not completed)")
     return {
@@ -252,19 +269,13 @@ def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -
 # --- Orrery -----------------------------------------------------------------------------------
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) -> Iterator[int]:
     """A throwaway database, migrated, and the production processes on it: gunicorn, one Celery
     worker with beat, and ``dispatchers`` more workers for the dispatch queue alone (delivery and
     sync; 0: the first worker serves it too). Yields the API's port once Django is set up here
     too. Everything is stopped and dropped afterwards."""
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
     db_name = f"orrery_vs_slurm_{os.getpid()}"
@@ -285,8 +296,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
     env.pop("SLURM_JWT", None)
     os.environ.update(env)
     admin = base.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin, db_name)
     processes: list[subprocess.Popen] = []
     try:
         import django
@@ -296,7 +306,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        port = _port()
+        port = free_port()
         gunicorn = [
             sys.executable,
             "-m",
@@ -353,11 +363,7 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
             except subprocess.TimeoutExpired:  # a worker in the middle of a long delivery
                 process.kill()
                 process.wait()
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        drop_database(admin, db_name)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -371,30 +377,6 @@ def _wait_for_workers(count: int, timeout: float = 120.0) -> None:
         if time.monotonic() > end:
             raise RuntimeError(f"fewer than {count} Celery workers answer")
     time.sleep(2)
-
-
-def simulated_fleet(nodes: int, gpus: int, state: str = "ready"):
-    """A simulated cluster of ``nodes`` × ``gpus`` A100s, every node ready."""
-    from clusters.choices import ClusterKind, NodeState
-    from clusters.models import Cluster, GpuDevice, GpuModel, Node
-
-    model = GpuModel.objects.get(slug="a100-80g")
-    cluster = Cluster.objects.create(name="sim", kind=ClusterKind.SIMULATED, state=state)
-    made = Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            name=f"n{i + 1}",
-            state=NodeState.READY,
-            cpu_millicores_capacity=8000,
-            cpu_millicores_allocatable=8000,
-            memory_bytes_capacity=64 << 30,
-            memory_bytes_allocatable=64 << 30,
-            gpu_capacity=gpus,
-        )
-        for i in range(nodes)
-    )
-    GpuDevice.objects.bulk_create(GpuDevice(node=n, index=g, model=model) for n in made for g in range(gpus))
-    return cluster
 
 
 def submitter(username: str, projects: list[str]) -> str:
@@ -508,18 +490,13 @@ def unix_account() -> Iterator[str]:
 def orrery_over_slurm(args, env: dict[str, str], api: Api, project: str, jobs, say) -> dict:
     after = last_job_id(env)
     probe = slurm_probe(env, after, len(jobs))
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
         first = time.monotonic()
         api.submit_batches([spec(i, g, s, project, "hpc") for i, (g, s) in enumerate(jobs)])
         submit_s = time.monotonic() - first
         all_running = (
             wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery over Slurm: all running") - first
         )
-    finally:
-        sampler.stop.set()
-        sampler.join()
     wait_until(lambda: slurm_idle(env), args.timeout, "Orrery over Slurm: every job ended")
     say(f"orrery over slurm: submitted in {submit_s:.1f} s, all running at {all_running:.1f} s")
     return {
@@ -606,21 +583,9 @@ def run_overhead(args, say) -> dict:
                 if r + 1 < args.rounds:
                     slurm_runs.append(slurm_alone(args, env, jobs, say))
         slurm_runs.append(slurm_alone(args, env, jobs, say))
-    for side, runs in (("slurm", slurm_runs), ("orrery_over_slurm", orrery_runs)):
-        result[side] = {
-            key: median_range([run[key] for run in runs])
-            for key in runs[0]
-            if all(run.get(key) is not None for run in runs)
-        }
-        result[f"{side}_runs"] = runs
-    result["all_running_ratio"] = round(
-        result["orrery_over_slurm"]["all_running_s"]["median"] / result["slurm"]["all_running_s"]["median"], 3
-    )
-    result["utilisation_ratio"] = round(
-        result["orrery_over_slurm"]["gpu_utilisation"]["median"]
-        / result["slurm"]["gpu_utilisation"]["median"],
-        3,
-    )
+    result |= summarise_rounds({"slurm": slurm_runs, "orrery_over_slurm": orrery_runs})
+    result["all_running_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "all_running_s")
+    result["utilisation_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "gpu_utilisation")
     return result
 
 
@@ -640,20 +605,14 @@ def orrery_short(args, api: Api, cluster, project: str, jobs, say) -> dict:
     Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.READY)
     current_app.send_task(CYCLE_TASK)
     opened = time.monotonic()
-    probe = orrery_probe(project)
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
     live = (
         "SELECT count(*) FILTER (WHERE j.state IN ('PENDING', 'SCHEDULED', 'RUNNING')),"
         " count(*) FILTER (WHERE j.state <> 'SUCCEEDED') FROM scheduling_job j"
         " JOIN portal_project p ON p.id = j.project_id WHERE p.name = %s"
     )
-    try:
+    with Sampler(orrery_probe(project), args.nodes * args.gpus_per_node) as sampler:
         elapsed = wait_until(lambda: _sql(live, [project])[0] == 0, args.timeout, "Orrery: every job ended")
         elapsed -= opened
-    finally:
-        sampler.stop.set()
-        sampler.join()
     failed = _sql(live, [project])[1]
     # Where a job's GPUs wait beyond its run: placed → started (delivery), run over → seen ended.
     delivered, seen = _sql_or_none(
@@ -686,7 +645,7 @@ def run_short(args, say) -> dict:
         result["slurm_start_s"] = float(env["slurm_start_s"])
         slurm_runs.append(slurm_short(args, env, jobs, say))
         with orrery_stack() as port:
-            cluster = simulated_fleet(args.nodes, args.gpus_per_node)
+            cluster = simulated_fleet(args.nodes, args.gpus_per_node, **SIM_NODE)
             projects = [f"short-{r}" for r in range(args.rounds)]
             api = Api(port, submitter("bench", projects))
             for r, project in enumerate(projects):
@@ -694,19 +653,9 @@ def run_short(args, say) -> dict:
                 if r + 1 < args.rounds:
                     slurm_runs.append(slurm_short(args, env, jobs, say))
         slurm_runs.append(slurm_short(args, env, jobs, say))
-    for side, runs in (("slurm", slurm_runs), ("orrery", orrery_runs)):
-        result[side] = {
-            key: median_range([run[key] for run in runs])
-            for key in runs[0]
-            if all(run.get(key) is not None for run in runs)
-        }
-        result[f"{side}_runs"] = runs
-    result["completions_ratio"] = round(
-        result["orrery"]["completions_per_s"]["median"] / result["slurm"]["completions_per_s"]["median"], 3
-    )
-    result["utilisation_ratio"] = round(
-        result["orrery"]["gpu_utilisation"]["median"] / result["slurm"]["gpu_utilisation"]["median"], 3
-    )
+    result |= summarise_rounds({"slurm": slurm_runs, "orrery": orrery_runs})
+    result["completions_ratio"] = median_ratio(result, "orrery", "slurm", "completions_per_s")
+    result["utilisation_ratio"] = median_ratio(result, "orrery", "slurm", "gpu_utilisation")
     return result
 
 
@@ -715,10 +664,8 @@ def run_short(args, say) -> dict:
 
 def orrery_classic(args, api: Api, jobs, mode: str, project: str, say) -> dict:
     probe = orrery_probe(project)
-    sampler = Sampler(probe, args.nodes * args.gpus_per_node)
-    sampler.start()
-    first = time.monotonic()
-    try:
+    with Sampler(probe, args.nodes * args.gpus_per_node) as sampler:
+        first = time.monotonic()
         specs = [spec(i, g, s, project) for i, (g, s) in enumerate(jobs)]
         if mode == "single":
             for body in specs:
@@ -728,9 +675,6 @@ def orrery_classic(args, api: Api, jobs, mode: str, project: str, say) -> dict:
         submit_s = time.monotonic() - first
         say(f"orrery ({mode}): {len(jobs)} jobs submitted in {submit_s:.1f} s")
         all_running = wait_until(lambda: probe()[0] == 0, args.timeout, "Orrery: all running") - first
-    finally:
-        sampler.stop.set()
-        sampler.join()
     # Let this run's jobs finish before the next run starts.
     wait_until(lambda: not probe()[1], args.timeout, "Orrery: every job ended")
     prefix = "orrery" if mode == "single" else "orrery_batch"
@@ -752,7 +696,7 @@ def run_classic(args, say) -> dict:
         result["slurm_start_s"] = float(env["slurm_start_s"])
         result |= {f"slurm_{k}": v for k, v in slurm_alone(args, env, jobs, say).items()}
     with orrery_stack() as port:
-        simulated_fleet(args.nodes, args.gpus_per_node)
+        simulated_fleet(args.nodes, args.gpus_per_node, **SIM_NODE)
         api = Api(port, submitter("bench", ["bench", "bench-batch"]))
         result |= orrery_classic(args, api, jobs, "single", "bench", say)
         result |= orrery_classic(args, api, jobs, "batch", "bench-batch", say)

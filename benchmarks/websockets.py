@@ -57,6 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.heartbeats import free_port, percentile, stop_process, wait_for_port  # noqa: E402
+
 RUN = os.environ.get("ORRERY_BENCH_RUN", str(os.getpid()))
 # The run's own channel-layer prefix: groups and channels left in Redis by an earlier run (a
 # server killed before it left its groups) are not this run's members, backlogs or refusals.
@@ -108,13 +110,6 @@ def __getattr__(name: str) -> Any:
         return await orrery(scope, receive, send)
 
     return app
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 # --- load generator (child processes) -----------------------------------------------------------
@@ -420,19 +415,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    import socket
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the server did not start on port {port}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -474,17 +456,12 @@ def main() -> None:
         env["ORRERY_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     os.environ.update(env)
     if not args.port:
-        import socket
+        args.port = free_port()
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            args.port = probe.getsockname()[1]
-
-    import psycopg
+    from benchmarks.throwaway import create_database, drop_database
 
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
+    create_database(admin_dsn, db_name)
     server = None
     clients: list[tuple[Any, Any]] = []
     try:
@@ -517,7 +494,7 @@ def main() -> None:
             env=env,
             stdout=subprocess.DEVNULL,
         )
-        wait_for_port(args.port)
+        wait_for_port(args.port, timeout=60.0)
         if server.poll() is not None:
             raise SystemExit(f"daphne exited ({server.returncode}): is port {args.port} taken?")
 
@@ -647,18 +624,9 @@ def main() -> None:
             if process.is_alive():
                 process.terminate()
             process.join(5)
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(5)
-            except subprocess.TimeoutExpired:  # still closing a thousand sockets: no need to wait
-                server.kill()
-                server.wait()
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        if server is not None:
+            stop_process(server, 5)  # past that, still closing a thousand sockets: no need to wait
+        drop_database(admin_dsn, db_name)
 
 
 if __name__ == "__main__":
