@@ -482,7 +482,11 @@ class SchedulerCache:
         usable = set(Cluster.objects.filter(state__in=SCHEDULABLE_CLUSTERS).values_list("pk", flat=True))
         ids = {n for _, n in node_events}
         if usable != self.usable_clusters:
-            ids |= set(snap.row_of)  # a cluster changed state: every node's readiness may have
+            # A cluster changed state: its nodes' readiness follows. They are read from the
+            # database, not from the snapshot, so a node that joined without an event of its own
+            # (bulk onboarding while the cluster was off) is found and the snapshot rebuilt.
+            turned = usable ^ self.usable_clusters
+            ids |= set(Node.objects.filter(cluster_id__in=turned).values_list("pk", flat=True))
             self.usable_clusters = usable
         if node_events:
             self.node_cursor = max(self.node_cursor, max(e for e, _ in node_events))

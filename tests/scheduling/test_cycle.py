@@ -322,3 +322,23 @@ def test_two_processes_caches_stay_right_when_a_job_moves(alice, queue, fleet):
     assert len(placed) == 2
     held = list(Allocation.objects.filter(active=True, gpu__isnull=False).values_list("gpu_id", flat=True))
     assert len(held) == len(set(held)) == 24
+
+
+def test_a_cluster_turned_on_brings_nodes_that_joined_without_an_event(alice, queue):
+    """Nodes bulk-created on a cluster while it was off (no NodeEvent of their own) are found when
+    it is turned on: the cache reads the cluster's nodes from the database, not from its snapshot.
+    Without that the cycle succeeds on an empty fleet and the job waits for the periodic resync."""
+    from clusters.choices import ClusterState
+    from clusters.models import Cluster
+    from tests.factories import make_cluster, make_node
+
+    cache = SchedulerCache()
+    sim = make_cluster("late", state=ClusterState.DISABLED)
+    run_cycle(cache)  # a snapshot of a fleet with no nodes
+    job = submit(alice, queue, gpus=4)
+    make_node(sim, gpus=8, name="late0")
+    run_cycle(cache)
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING  # the cluster is off
+    Cluster.objects.filter(pk=sim.pk).update(state=ClusterState.READY)
+    run_cycle(cache)
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
