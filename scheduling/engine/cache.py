@@ -51,6 +51,7 @@ from scheduling.engine.telemetry import load_telemetry
 from scheduling.models import Allocation, Job, JobAttempt, JobEvent, Queue, QueueQuota
 
 SCHEDULABLE_CLUSTERS = {ClusterState.READY, ClusterState.DEGRADED}
+NODE_MASKS_BYTES = 20_000_000
 REREAD_WINDOW = 500  # events re-read each sync, for rows committed out of id order
 # An active allocation: node id, GPU id or None, cpu, memory, MIG instance id or None, shared MiB.
 HeldRow = tuple[int, int | None, int, int, int | None, int]
@@ -131,6 +132,18 @@ class SchedulerCache:
         self.claims: dict[int, tuple[int, int, int]] = {}  # lender job id → (queue, model, GPUs)
         self.estimated: dict[int, tuple[float, str, bool]] = {}  # job id → estimate written
         self.carry: dict[Any, Any] = {}  # plugins' data kept between cycles (backfill's timelines)
+        # class shape → (profile, mask, len(snap.changed) when checked): the filters that depend
+        # only on what a node is, kept between cycles for one snapshot (decide.node_mask)
+        self._node_masks: tuple[Snapshot | None, dict[Shape, tuple[Any, np.ndarray, int]]] = (None, {})
+
+    def node_masks(self, snap: Snapshot) -> dict[Shape, tuple[Any, np.ndarray, int]]:
+        """The kept node masks of this snapshot: a new snapshot starts afresh, and so does a store
+        past ``NODE_MASKS_BYTES`` (about 20 MB of masks, whatever the fleet's size)."""
+        kept, masks = self._node_masks
+        if kept is not snap or len(masks) * len(snap.ready) > NODE_MASKS_BYTES:
+            masks = {}
+            self._node_masks = (snap, masks)
+        return masks
 
     # --- building ------------------------------------------------------------------------
     def ensure(self) -> Snapshot:

@@ -200,7 +200,8 @@ class PreFilterPlugin(Plugin, Protocol):
 class FilterPlugin(Plugin, Protocol):
     """A filter whose verdict depends on what is free now (not only on what a node is) sets the
     class attribute ``capacity = True``: backfill leaves such filters out when it asks where a
-    job could run once capacity frees up."""
+    job could run once capacity frees up. The others' masks are kept between cycles and asked
+    again only for rows in ``snap.changed``, never after a placement within a cycle."""
 
     def filter(self, state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray) -> np.ndarray:
         """A boolean mask over ``rows``: True where the node may take the job."""

@@ -342,3 +342,23 @@ def test_a_cluster_turned_on_brings_nodes_that_joined_without_an_event(alice, qu
     Cluster.objects.filter(pk=sim.pk).update(state=ClusterState.READY)
     run_cycle(cache)
     assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+
+
+def test_a_class_mask_kept_between_cycles_sees_a_node_drained_in_between(alice, queue, fleet):
+    """Node masks (the filters that depend only on what a node is) are kept between cycles; a node
+    that stops being ready in between must drop out of them, or the next job of the same class
+    lands on it (best fit picks the node the first job already half fills)."""
+    from clusters.services.nodes import drain_node
+
+    cache = SchedulerCache()
+    first = submit(alice, queue, gpus=4)
+    run_cycle(cache)
+    held = Allocation.objects.filter(job=first, active=True).values_list("gpu__node", flat=True)
+    node = next(n for n in fleet if n.pk == held[0])
+    snap = cache.snap
+    drain_node(node, actor=None)
+    second = submit(alice, queue, gpus=4)
+    run_cycle(cache)
+    assert cache.snap is snap, "kept current from events, not rebuilt"
+    where = set(Allocation.objects.filter(job=second, active=True).values_list("gpu__node", flat=True))
+    assert Job.objects.get(pk=second.pk).state == JobState.SCHEDULED and node.pk not in where

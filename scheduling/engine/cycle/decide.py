@@ -116,7 +116,7 @@ def decide(
             parts += plugin.sort_key(state, snap, head)
         return (*parts, head.submitted_at, head.id)
 
-    masks: dict[Shape, tuple[np.ndarray, int, int]] = {}
+    masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]] = {}
     decisions: list[Placement] = []
     if cache.nominated:
         _nominees_first(profile, state, cache, snap, masks, decisions)
@@ -197,7 +197,7 @@ def _nominees_first(
     state: CycleState,
     cache: SchedulerCache,
     snap: Snapshot,
-    masks: dict[Shape, tuple[np.ndarray, int, int]],
+    masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]],
     decisions: list[Placement],
 ) -> None:
     """Preemptors whose victims have all stopped are placed before the queue is walked: the GPUs
@@ -253,6 +253,7 @@ def _share_cache(
 
     state.data["runs_version_bump"] = bump
     state.data["static_mask"] = lambda job: static_mask(profile, state, snap, job)
+    state.data["node_masks"] = cache.node_masks(snap)
 
 
 class _KeyHeap:
@@ -314,7 +315,7 @@ def _place(
     state: CycleState,
     snap: Snapshot,
     job: JobView,
-    masks: dict[Shape, tuple[np.ndarray, int, int]],
+    masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]],
 ) -> tuple[Placement | None, Status | None, JobView]:
     """Try the job — an any-model job once per model it accepts, best first (Kueue's flavor
     fungibility) — and return (placement, None, the view placed) or (None, why not, the view
@@ -368,9 +369,36 @@ def static_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobVie
         mask = snap.share_cap >= snap.share_need(job, rows)
     else:
         mask = snap.gpu_total >= job.gpus
-    for plugin in profile.filter:
-        if not getattr(plugin, "capacity", False):
-            mask &= plugin.filter(state, snap, job, rows)
+    mask &= node_mask(profile, state, snap, job)
+    return mask
+
+
+def node_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobView) -> np.ndarray:
+    """The class's mask of the filters that depend only on what a node is (not ``capacity``),
+    kept between cycles for the snapshot: only rows changed since it was last checked (readiness,
+    health, MIG layout — and placements, which these filters ignore but the log does not tell
+    apart) are checked again. Read it, never write it."""
+    store = state.data.get("node_masks")
+    if store is None:  # a cycle state not made by decide (a plugin's own test)
+        store = state.data["node_masks"] = {}
+    shape = job.shape()
+    kept = store.get(shape)
+    if kept is None or kept[0] is not profile:
+        rows = snap.all_rows
+        mask = np.ones(len(rows), dtype=bool)
+        for plugin in profile.filter:
+            if not getattr(plugin, "capacity", False):
+                mask &= plugin.filter(state, snap, job, rows)
+    else:
+        _, mask, seen = kept
+        if seen < len(snap.changed):
+            rows = np.unique(np.asarray(snap.changed[seen:], dtype=np.int64))
+            ok = np.ones(len(rows), dtype=bool)
+            for plugin in profile.filter:
+                if not getattr(plugin, "capacity", False):
+                    ok &= plugin.filter(state, snap, job, rows)
+            mask[rows] = ok
+    store[shape] = (profile, mask, len(snap.changed))
     return mask
 
 
@@ -392,27 +420,36 @@ def _class_mask(
     state: CycleState,
     snap: Snapshot,
     job: JobView,
-    masks: dict[Shape, tuple[np.ndarray, int, int]],
+    masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]],
 ) -> np.ndarray:
-    """The class's filter mask over all rows: computed once, then only rows changed since (by
-    placements of this cycle, or by reservations) are checked again."""
+    """The class's filter mask over all rows: its node mask (kept between cycles) and, on the rows
+    that pass it, the ``capacity`` filters — computed once a cycle, then checked again only on
+    rows changed since (by placements of this cycle, or by reservations). Within a cycle nothing
+    but capacity changes, so the node filters are not asked again."""
     shape = job.shape()
     cached = masks.get(shape)
     extra: list[int] = state.data["changed_rows"]
+    capacity = [p for p in profile.filter if getattr(p, "capacity", False)]
     if cached is None:
-        rows = snap.all_rows
-        mask = np.ones(len(rows), dtype=bool)
-        for plugin in profile.filter:
-            mask &= plugin.filter(state, snap, job, rows)
-    else:
-        mask, seen, seen_extra = cached
-        if seen < len(snap.changed) or seen_extra < len(extra):
-            rows = np.unique(np.asarray(snap.changed[seen:] + extra[seen_extra:], dtype=np.int64))
+        static = node_mask(profile, state, snap, job)
+        mask = static.copy()
+        if capacity:
+            rows = np.flatnonzero(static)
             ok = np.ones(len(rows), dtype=bool)
-            for plugin in profile.filter:
+            for plugin in capacity:
                 ok &= plugin.filter(state, snap, job, rows)
             mask[rows] = ok
-    masks[shape] = (mask, len(snap.changed), len(extra))
+    else:
+        mask, static, seen, seen_extra = cached
+        if capacity and (seen < len(snap.changed) or seen_extra < len(extra)):
+            rows = np.unique(np.asarray(snap.changed[seen:] + extra[seen_extra:], dtype=np.int64))
+            rows = rows[static[rows]]
+            if len(rows):
+                ok = np.ones(len(rows), dtype=bool)
+                for plugin in capacity:
+                    ok &= plugin.filter(state, snap, job, rows)
+                mask[rows] = ok
+    masks[shape] = (mask, static, len(snap.changed), len(extra))
     return mask
 
 
