@@ -433,6 +433,8 @@ class Api:
             raise RuntimeError(f"POST {path}: {response.status} {text[:300]!r}")
 
     def submit_batches(self, specs: list[dict], size: int = 500) -> None:
+        # A fresh connection: the server closes one left idle (as it is through a Slurm round).
+        self.client.close()
         for start in range(0, len(specs), size):
             self.post("/api/v1/jobs/batch", {"jobs": specs[start : start + size]})
 
