@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from clusters import ports
@@ -234,8 +234,14 @@ def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], tupl
     """Set GPU health to what the nodes report, and log each change as a NodeEvent: the event
     log is how the scheduler's cache learns that a GPU may no longer (or may again) be used.
     ``unhealthy`` maps ``(node, index)`` to ``(XID,)`` or ``(XID, reason)``."""
-    current = GpuDevice.objects.filter(node_id__in=node_ids).values_list(
-        "pk", "node_id", "index", "health", "health_reason"
+    # Only rows that may change: GPUs not healthy now, and those of nodes reporting one that is
+    # not. A fleet whose GPUs stay healthy reads none (a node's first report, or a reboot of
+    # every node, would otherwise read every GPU of the fleet into Python to change nothing).
+    bad_nodes = {node_id for node_id, _ in unhealthy}
+    current = (
+        GpuDevice.objects.filter(node_id__in=node_ids)
+        .filter(~Q(health=GpuHealth.HEALTHY) | Q(node_id__in=bad_nodes))
+        .values_list("pk", "node_id", "index", "health", "health_reason")
     )
     changes: dict[int, list[str]] = defaultdict(list)
     for pk, node_id, index, health, current_reason in current:
