@@ -29,6 +29,8 @@ budget. It prints one JSON object. Nothing here is asserted: figures go in docs/
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import http.client
 import json
 import multiprocessing as mp
@@ -329,6 +331,11 @@ def main() -> None:
     parser.add_argument("--detect-nodes", type=int, default=200)
     parser.add_argument("--skip-detection", action="store_true", help="skip the ~50 s detection phase")
     parser.add_argument("--port", type=int, default=18_431)
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="also write cProfiles of in-process batched ingest (PATH.ingest) and of the flush passes (PATH.flush)",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
@@ -440,7 +447,12 @@ def main() -> None:
         result["per_node_ratio"] = round(requests_per_s / bare_per_node, 3)
 
         say("phase 3: aggregation passes over every node")
-        result.update(flush_passes(fleet, args.gpus_per_node, boot))
+        with profiled(args.profile and f"{args.profile}.flush"):
+            result.update(flush_passes(fleet, args.gpus_per_node, boot))
+        if args.profile:
+            say("profiling batched ingest in this process")
+            profile_ingest(jobs, args.gpus_per_node, boot, f"{args.profile}.ingest")
+            drain(say)
 
         say("phase 4: loss check")
         result["lost_reports"] = lost_reports(last)
@@ -515,6 +527,55 @@ def build_fleet(nodes: int, clusters: int, gpus: int) -> dict:
         out["per_node"].append((node_id, name, secret.plaintext))
     NodeCredential.objects.bulk_create(secrets, batch_size=5000)
     return out
+
+
+@contextlib.contextmanager
+def profiled(path: str | None):
+    """cProfile the block into ``path``; nothing when ``path`` is empty."""
+    if not path:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+
+
+def profile_ingest(jobs: list, gpus: int, boot: str, path: str, rounds: int = 3) -> None:
+    """The batched reports of phase 1 through the agent API's own handler, in this process and
+    without HTTP: what a gunicorn thread spends on one, profiled."""
+    from clusters.api.agent import handle
+
+    bodies = [
+        (
+            orjson.dumps(
+                {
+                    "cluster": cluster,
+                    "nodes": [
+                        {
+                            "node": name,
+                            "boot_id": boot,
+                            "seq": seq,
+                            "cpu": 0.4,
+                            "memory": 2**34,
+                            "gpus": gpu_report(gpus, seq),
+                        }
+                        for _, name in nodes
+                    ],
+                }
+            ),
+            credential,
+        )
+        for seq in range(2 * 10**7, 2 * 10**7 + rounds)
+        for cluster, credential, nodes in jobs
+    ]
+    with profiled(path):
+        for body, credential in bodies:
+            status, _ = handle("report", body, credential)
+            assert status == 200, status
 
 
 def drain(say) -> None:
