@@ -69,6 +69,28 @@ def gpu_report(gpus: int, seq: int) -> list[dict]:
     ]
 
 
+def report_body(cluster: str, nodes: list[tuple[int, str]], boot: str, seq: int, gpus: int) -> bytes:
+    """One collector's report of ``nodes`` (id, name), as ``POST agent/report`` takes it."""
+    return orjson.dumps(
+        {
+            "cluster": cluster,
+            "nodes": [heartbeat(name, boot, seq, gpus) for _, name in nodes],
+        }
+    )
+
+
+def heartbeat(name: str, boot: str, seq: int, gpus: int) -> dict:
+    """One node's heartbeat, as an agent sends it."""
+    return {
+        "node": name,
+        "boot_id": boot,
+        "seq": seq,
+        "cpu": 0.4,
+        "memory": 2**34,
+        "gpus": gpu_report(gpus, seq),
+    }
+
+
 def post_agent(
     conn: http.client.HTTPConnection, path: str, body: bytes, credential: str
 ) -> tuple[http.client.HTTPConnection, int | None, dict | None]:
@@ -104,22 +126,7 @@ def batched_client(
     while time.monotonic() < end:
         seq += 1
         for cluster, credential, nodes in jobs:
-            body = orjson.dumps(
-                {
-                    "cluster": cluster,
-                    "nodes": [
-                        {
-                            "node": name,
-                            "boot_id": boot,
-                            "seq": seq,
-                            "cpu": 0.4,
-                            "memory": 2**34,
-                            "gpus": gpu_report(gpus, seq),
-                        }
-                        for _, name in nodes
-                    ],
-                }
-            )
+            body = report_body(cluster, nodes, boot, seq, gpus)
             conn, status, answer = post_agent(conn, "/api/v1/agent/report", body, credential)
             if status is None:
                 errors += 1
@@ -148,16 +155,7 @@ def per_node_client(
         for node_id, name, credential in nodes:
             if time.monotonic() >= end:
                 break
-            body = orjson.dumps(
-                {
-                    "node": name,
-                    "boot_id": boot,
-                    "seq": seq,
-                    "cpu": 0.4,
-                    "memory": 2**34,
-                    "gpus": gpu_report(gpus, seq),
-                }
-            )
+            body = orjson.dumps(heartbeat(name, boot, seq, gpus))
             started = time.perf_counter()
             conn, status, answer = post_agent(conn, "/api/v1/agent/heartbeat", body, credential)
             if status is None:
@@ -550,25 +548,7 @@ def profile_ingest(jobs: list, gpus: int, boot: str, path: str, rounds: int = 3)
     from clusters.api.agent import handle
 
     bodies = [
-        (
-            orjson.dumps(
-                {
-                    "cluster": cluster,
-                    "nodes": [
-                        {
-                            "node": name,
-                            "boot_id": boot,
-                            "seq": seq,
-                            "cpu": 0.4,
-                            "memory": 2**34,
-                            "gpus": gpu_report(gpus, seq),
-                        }
-                        for _, name in nodes
-                    ],
-                }
-            ),
-            credential,
-        )
+        (report_body(cluster, nodes, boot, seq, gpus), credential)
         for seq in range(2 * 10**7, 2 * 10**7 + rounds)
         for cluster, credential, nodes in jobs
     ]
