@@ -381,25 +381,38 @@ def node_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobView)
     store = state.data.get("node_masks")
     if store is None:  # a cycle state not made by decide (a plugin's own test)
         store = state.data["node_masks"] = {}
+    node_filters, _ = _filters(profile, state)
     shape = job.shape()
     kept = store.get(shape)
     if kept is None or kept[0] is not profile:
-        rows = snap.all_rows
-        mask = np.ones(len(rows), dtype=bool)
-        for plugin in profile.filter:
-            if not getattr(plugin, "capacity", False):
-                mask &= plugin.filter(state, snap, job, rows)
+        mask = _passing(node_filters, state, snap, job, snap.all_rows)
     else:
         _, mask, seen = kept
         if seen < len(snap.changed):
             rows = np.unique(np.asarray(snap.changed[seen:], dtype=np.int64))
-            ok = np.ones(len(rows), dtype=bool)
-            for plugin in profile.filter:
-                if not getattr(plugin, "capacity", False):
-                    ok &= plugin.filter(state, snap, job, rows)
-            mask[rows] = ok
+            mask[rows] = _passing(node_filters, state, snap, job, rows)
     store[shape] = (profile, mask, len(snap.changed))
     return mask
+
+
+def _filters(profile: Profile, state: CycleState) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The profile's filters split once a cycle: (node filters, ``capacity`` filters)."""
+    split = state.data.get("filters")
+    if split is None or split[0] is not profile:
+        capacity = tuple(p for p in profile.filter if getattr(p, "capacity", False))
+        node = tuple(p for p in profile.filter if not getattr(p, "capacity", False))
+        split = state.data["filters"] = (profile, node, capacity)
+    return split[1], split[2]
+
+
+def _passing(
+    filters: tuple[Any, ...], state: CycleState, snap: Snapshot, job: JobView, rows: np.ndarray
+) -> np.ndarray:
+    """True over ``rows`` where every one of ``filters`` lets the job in."""
+    ok = np.ones(len(rows), dtype=bool)
+    for plugin in filters:
+        ok &= plugin.filter(state, snap, job, rows)
+    return ok
 
 
 def _reserve(profile: Profile, state: CycleState, snap: Snapshot, placement: Placement) -> Status | None:
@@ -429,26 +442,20 @@ def _class_mask(
     shape = job.shape()
     cached = masks.get(shape)
     extra: list[int] = state.data["changed_rows"]
-    capacity = [p for p in profile.filter if getattr(p, "capacity", False)]
+    _, capacity = _filters(profile, state)
     if cached is None:
         static = node_mask(profile, state, snap, job)
         mask = static.copy()
         if capacity:
             rows = np.flatnonzero(static)
-            ok = np.ones(len(rows), dtype=bool)
-            for plugin in capacity:
-                ok &= plugin.filter(state, snap, job, rows)
-            mask[rows] = ok
+            mask[rows] = _passing(capacity, state, snap, job, rows)
     else:
         mask, static, seen, seen_extra = cached
         if capacity and (seen < len(snap.changed) or seen_extra < len(extra)):
             rows = np.unique(np.asarray(snap.changed[seen:] + extra[seen_extra:], dtype=np.int64))
             rows = rows[static[rows]]
             if len(rows):
-                ok = np.ones(len(rows), dtype=bool)
-                for plugin in capacity:
-                    ok &= plugin.filter(state, snap, job, rows)
-                mask[rows] = ok
+                mask[rows] = _passing(capacity, state, snap, job, rows)
     masks[shape] = (mask, static, len(snap.changed), len(extra))
     return mask
 
