@@ -4,7 +4,8 @@
     python benchmarks/websockets.py --sockets 1000 --json
 
 Runs against PostgreSQL and Redis (``DATABASE_URL``/``REDIS_URL``, defaults on loopback) and the
-production websocket server, one Daphne process with the Redis channel layer, which it starts on
+production websocket server, Daphne with the Redis channel layer — one process, or ``--servers``
+of them with the sockets spread round-robin as a load balancer would — which it starts on
 loopback. It creates a throwaway database with users in projects and a signed-in session for
 each, then opens, from load-generator processes:
 
@@ -115,20 +116,20 @@ def __getattr__(name: str) -> Any:
 # --- load generator (child processes) -----------------------------------------------------------
 
 
-def subscriber_process(port: int, sockets: list[tuple[str, str]], control: Any) -> None:
-    """Hold ``sockets`` ((path, cookie) each) open, time-stamping every frame received, until told
-    to stop; then send back [(socket index, receipt time, text)]."""
-    asyncio.run(_subscribe(port, sockets, control))
+def subscriber_process(sockets: list[tuple[int, str, str]], control: Any) -> None:
+    """Hold ``sockets`` ((server port, path, cookie) each) open, time-stamping every frame
+    received, until told to stop; then send back [(socket index, receipt time, text)]."""
+    asyncio.run(_subscribe(sockets, control))
 
 
-async def _subscribe(port: int, sockets: list[tuple[str, str]], control: Any) -> None:
+async def _subscribe(sockets: list[tuple[int, str, str]], control: Any) -> None:
     import aiohttp
 
     received: list[tuple[int, float, str]] = []
     opened = asyncio.Semaphore(25)  # connect a few at a time, as pages do after a deploy
     ready = [0, 0]  # open, refused
 
-    async def hold(index: int, path: str, cookie: str, session: aiohttp.ClientSession) -> None:
+    async def hold(index: int, port: int, path: str, cookie: str, session: aiohttp.ClientSession) -> None:
         headers = {"Origin": f"http://127.0.0.1:{port}"}
         if cookie:
             headers["Cookie"] = cookie
@@ -153,7 +154,7 @@ async def _subscribe(port: int, sockets: list[tuple[str, str]], control: Any) ->
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [asyncio.ensure_future(hold(i, p, c, session)) for i, (p, c) in enumerate(sockets)]
+        tasks = [asyncio.ensure_future(hold(i, *socket, session)) for i, socket in enumerate(sockets)]
         while ready[0] < len(sockets):
             await asyncio.sleep(0.2)
         control.send(tuple(ready))
@@ -430,7 +431,10 @@ def main() -> None:
         "--phases", type=int, default=2, help="live phases (yardstick before, between, after)"
     )
     parser.add_argument("--clients", type=int, default=2, help="load-generator processes")
-    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument("--port", type=int, default=0, help="first server's port (0: any free ones)")
+    parser.add_argument(
+        "--servers", type=int, default=1, help="Daphne processes, the sockets spread over them"
+    )
     parser.add_argument("--profile", help="write the server's cProfile statistics to this file")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
@@ -452,17 +456,14 @@ def main() -> None:
         "ORRERY_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "ORRERY_BENCH_RUN": str(os.getpid()),
     }
-    if args.profile:
-        env["ORRERY_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     os.environ.update(env)
-    if not args.port:
-        args.port = free_port()
+    ports = [args.port + i if args.port else free_port() for i in range(args.servers)]
 
     from benchmarks.throwaway import create_database, drop_database
 
     admin_dsn = base_url.rsplit("/", 1)[0] + "/postgres"
     create_database(admin_dsn, db_name)
-    server = None
+    servers: list[subprocess.Popen] = []
     clients: list[tuple[Any, Any]] = []
     try:
         import django
@@ -479,36 +480,35 @@ def main() -> None:
         connections.close_all()  # the load generators are forked next
         say(f"database {db_name} ready: {len(specs)} sessions in {len(project_ids)} projects")
 
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(args.port),
-                "benchmarks.websockets:application",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        wait_for_port(args.port, timeout=60.0)
-        if server.poll() is not None:
-            raise SystemExit(f"daphne exited ({server.returncode}): is port {args.port} taken?")
+        for i, port in enumerate(ports):  # the profile, if asked for, is the first server's
+            profile = (
+                {"ORRERY_BENCH_PROFILE": str(Path(args.profile).resolve())} if args.profile and not i else {}
+            )
+            argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+            servers.append(
+                subprocess.Popen(
+                    [*argv, "benchmarks.websockets:application"],
+                    cwd=ROOT,
+                    env=env | profile,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        for port, server in zip(ports, servers, strict=True):
+            wait_for_port(port, timeout=60.0)
+            if server.poll() is not None:
+                raise SystemExit(f"daphne exited ({server.returncode}): is port {port} taken?")
 
-        # Socket i of the whole run: the Orrery ones first, then the bare ones.
+        # Socket i of the whole run: the Orrery ones first, then the bare ones; socket i is
+        # served by server i mod --servers (a load balancer's round robin).
         paths = [("/ws/fleet/" if kind == "fleet" else "/ws/jobs/", cookie) for kind, cookie, _ in specs]
         paths += [(BARE_PATH, "")] * args.sockets
+        paths = [(ports[i % len(ports)], path, cookie) for i, (path, cookie) in enumerate(paths)]
         shares = [list(range(i, len(paths), args.clients)) for i in range(args.clients)]
         context = mp.get_context("fork")
         connect_started = time.monotonic()
         for share in shares:
             mine, theirs = context.Pipe()
-            process = context.Process(
-                target=subscriber_process, args=(args.port, [paths[i] for i in share], theirs)
-            )
+            process = context.Process(target=subscriber_process, args=([paths[i] for i in share], theirs))
             process.start()
             clients.append((process, mine))
         opened = [conn.recv() for _, conn in clients]
@@ -517,7 +517,7 @@ def main() -> None:
             f"sockets open: {sum(o[0] for o in opened)}, refused {sum(o[1] for o in opened)} in {connect_s:.1f} s"
         )
         time.sleep(2.0)
-        rss_open = rss_mb(server.pid)
+        rss_open = [rss_mb(server.pid) for server in servers]
 
         layer = RedisChannelLayer(hosts=[{"address": redis_url}], prefix=LAYER_PREFIX)
         over_capacity = OverCapacity()
@@ -541,13 +541,14 @@ def main() -> None:
                 plan = plan_events(args, project_ids, next_job, next_node, seed=phase)
                 next_job += 10_000_000
                 next_node = (next_node + 5_000) % args.nodes
-                before = cpu_seconds(server.pid)
+                before = sum(cpu_seconds(server.pid) for server in servers)
                 phases.append(await publish_plan(layer, plan))
                 await asyncio.sleep(DRAIN_S)
-                cpu.append((cpu_seconds(server.pid) - before) / (args.seconds + DRAIN_S))
+                used = sum(cpu_seconds(server.pid) for server in servers) - before
+                cpu.append(used / (args.seconds + DRAIN_S))
 
         asyncio.run(run())
-        rss_end = rss_mb(server.pid)
+        rss_end = [rss_mb(server.pid) for server in servers]
         received: list[tuple[int, float, str]] = []
         for share, (_, conn) in zip(shares, clients, strict=True):
             conn.send("stop")
@@ -611,11 +612,12 @@ def main() -> None:
             "dropped_by_channel_layer": over_capacity.groups,
             "leaks_across_projects": sum(p["leaks_across_projects"] for p in live),
             "messages_per_subscriber_per_s_max": max(p["messages_per_subscriber_per_s_max"] for p in live),
-            "server_cpu_share": [round(c, 2) for c in cpu],
-            "server_rss_mb": {
-                "sockets_open": rss_open["VmRSS"],
-                "end": rss_end["VmRSS"],
-                "peak": rss_end["VmHWM"],
+            "servers": len(servers),
+            "server_cpu_share": [round(c, 2) for c in cpu],  # of one core, all servers together
+            "server_rss_mb": {  # per server
+                "sockets_open": [r["VmRSS"] for r in rss_open],
+                "end": [r["VmRSS"] for r in rss_end],
+                "peak": [r["VmHWM"] for r in rss_end],
             },
         }
         print(json.dumps(result, indent=None if args.json else 2))
@@ -624,7 +626,7 @@ def main() -> None:
             if process.is_alive():
                 process.terminate()
             process.join(5)
-        if server is not None:
+        for server in servers:
             stop_process(server, 5)  # past that, still closing a thousand sockets: no need to wait
         drop_database(admin_dsn, db_name)
 

@@ -1,15 +1,16 @@
 """Live dashboards over websockets.
 
 Each consumer authenticates with the session (``AuthMiddlewareStack``; the ASGI app also checks
-the Origin against ``ALLOWED_HOSTS``), decides what the user may see, joins the channel-layer
-groups of that, and then **coalesces**: events that arrive are folded into one pending delta
-(job id → its latest state, node id → its latest state, a count of new jobs) and sent at most
-once per ``flush_s`` (1 s). A subscriber therefore never receives raw heartbeats or one message
-per event, however busy the fleet is, and nothing the page needs is lost: a later state of the
-same job or node replaces the earlier one, and every id folded in is in the next message. Every
-event is checked against what this subscriber may see before it is folded in, so a user never
-hears of another project's job. A client that reconnects resynchronises from REST
-(``portal/live.js``).
+the Origin against ``ALLOWED_HOSTS``), decides what the user may see, listens to the
+channel-layer groups of that through its process' hub (``portal.hub``: the process joins each
+group once and hands each event to its sockets in memory), and then **coalesces**: events that
+arrive are folded into one pending delta (job id → its latest state, node id → its latest state,
+a count of new jobs) and sent at most once per ``flush_s`` (1 s). A subscriber therefore never
+receives raw heartbeats or one message per event, however busy the fleet is, and nothing the
+page needs is lost: a later state of the same job or node replaces the earlier one, and every id
+folded in is in the next message. Every event is checked against what this subscriber may see
+before it is folded in, so a user never hears of another project's job. A client that reconnects
+resynchronises from REST (``portal/live.js``).
 
 **When a delta is sent.** The first event after a quiet spell is sent ``settle_s`` (50 ms)
 later, so that one burst (a scheduling cycle's events, a lifecycle pass) is one message; events
@@ -45,13 +46,14 @@ everything else is.
 
 **Redis faults.** The channel layer (``foundation.live.RedisChannelLayer``) keeps receiving
 through a Redis restart instead of failing the socket. A flush or a restart empties the group
-memberships, and events published while Redis was away are gone, so each recheck also asks
-Redis whether this socket is still in its first group (one ZSCORE): when it is not, or when the
+memberships, and events published while Redis was away are gone, so each recheck also asks Redis
+whether this process is still in the socket's first group (one ZSCORE, which the process'
+sockets of that group share: at most one a second per group): when it is not, or when the
 layer's receive failed since the socket joined, the socket closes with **4503** and the page
 reconnects, joins afresh and resynchronises from REST. While Redis is away the probe fails and
 the socket simply stays open; the decision is made once Redis answers, within one interval.
-Memberships are also renewed every ``rejoin_s`` (an hour), well inside their expiry in Redis
-(a day), so a wall display left open for days keeps hearing.
+Memberships are also renewed every ``rejoin_s`` (an hour), well inside their expiry in Redis (a
+day), so a wall display left open for days keeps hearing.
 
 Close codes: 4401 not signed in, signed out, password changed or deactivated; 4404 no such job
 or not yours (also when access is lost); 4500 the recheck itself failed, or Redis was away at
@@ -63,6 +65,7 @@ Daphne refuses to send the protocol's 1011 or 1012, and a close it refuses never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from importlib import import_module
@@ -84,6 +87,7 @@ from django.utils.crypto import constant_time_compare
 from clusters.selectors import cluster_by_name
 from foundation.live import LAYER_ERRORS
 from portal.access import access_job, visible_projects
+from portal.hub import hub
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,9 @@ REDIS_LOST = 4503  # Redis lost the groups (flush, restart): reconnect and resyn
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
+    # No channel of its own: the process' hub listens to the groups and hands events over
+    # (``portal.hub``), so no socket has a channel-layer receive of its own to wake.
+    channel_layer_alias = None
     flush_s = FLUSH_S  # tests may lower these on the class
     settle_s = SETTLE_S
     recheck_s = RECHECK_S  # session, user and access are read again this often: a revoked user
@@ -122,8 +129,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if groups is None:
             await self.close(code=NOT_FOUND)
             return
-        self.live_groups = groups
-        self.faults_seen = getattr(self.channel_layer, "faults", 0)
+        self.live_groups: list[str] = []
+        self.hub = hub()
+        self.faults_seen = getattr(self.hub and self.hub.layer, "faults", 0)
         try:
             await self._join(groups)
         except LAYER_ERRORS as exc:  # Redis away: refuse; the page tries again (1 s, doubling)
@@ -138,17 +146,26 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for task in (getattr(self, "flusher", None), getattr(self, "rechecker", None)):
             if task is not None:
                 task.cancel()
-        try:
-            for group in getattr(self, "live_groups", []):
-                await self.channel_layer.group_discard(group, self.channel_name)
-        except LAYER_ERRORS:
-            pass  # Redis away: the memberships go with it, or expire
+        self.hearing = False
+        with contextlib.suppress(LAYER_ERRORS):  # Redis away: the memberships go with it, or expire
+            await self._leave(getattr(self, "live_groups", []))
 
     async def _join(self, groups: list[str]) -> None:
-        """Join every group (idempotent: a member joining again only renews its membership)."""
+        """Listen to every group through the process' hub (joining again only renews the
+        membership)."""
         for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+            if self.hub is not None:
+                await self.hub.join(group, self)
+            if group not in self.live_groups:
+                self.live_groups.append(group)
         self.joined_at = asyncio.get_running_loop().time()
+
+    async def _leave(self, groups: list[str]) -> None:
+        for group in list(groups):
+            if group in self.live_groups:
+                self.live_groups.remove(group)
+            if self.hub is not None:
+                await self.hub.leave(group, self)
 
     async def authorise(self) -> list[str] | None:
         """The groups ``self.user`` may hear; ``None`` refuses the connection."""
@@ -170,9 +187,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return True
 
-    async def live_event(self, message: dict[str, Any]) -> None:
+    def hear(self, message: dict[str, Any]) -> None:
+        """One event of a group this socket listens to, handed over by the hub."""
+        if message.get("type") != "live.event" or not self.hearing:
+            return
         event, data = message["event"], message["data"]
-        if not self.hearing or not self.allowed(event, data):
+        if not self.allowed(event, data):
             return
         self._fold(event, data)
         if self.flusher is None and (self.jobs or self.nodes or self.new_jobs):
@@ -207,11 +227,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.user = user  # access was decided with what the database says now
         if groups is None:
             return NOT_FOUND
-        for group in set(self.live_groups) - set(groups):
-            await self.channel_layer.group_discard(group, self.channel_name)
-        for group in set(groups) - set(self.live_groups):
-            await self.channel_layer.group_add(group, self.channel_name)
-        self.live_groups = groups
+        await self._leave([g for g in self.live_groups if g not in groups])
+        joining = [g for g in groups if g not in self.live_groups]
+        if joining:
+            await self._join(joining)
         if await self._groups_lost():
             return REDIS_LOST
         if asyncio.get_running_loop().time() - self.joined_at >= self.rejoin_s:
@@ -222,14 +241,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         """Whether Redis has lost this socket's groups (flushed, restarted) or events meant for it
         (a receive failed since it joined). False while Redis cannot be asked: the socket stays
         open and the next recheck asks again."""
-        is_member = getattr(self.channel_layer, "is_member", None)
-        if is_member is None or not self.live_groups:  # the in-memory layer loses nothing
+        layer = self.hub and self.hub.layer
+        if not hasattr(layer, "is_member") or not self.live_groups:  # the in-memory layer loses nothing
             return False
         try:
-            member = await is_member(self.live_groups[0], self.channel_name)
+            member = await self.hub.is_member(self.live_groups[0])
         except LAYER_ERRORS:
             return False
-        return not member or self.channel_layer.faults != self.faults_seen
+        return not member or layer.faults != self.faults_seen
 
     async def _recheck_forever(self) -> None:
         # The first wait is random within one interval, so sockets opened together (every page
