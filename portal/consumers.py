@@ -19,9 +19,9 @@ has no timer. On a busy channel (more than one event a second) an event therefor
 0 and ``flush_s`` (uniformly, half of it on average) before it leaves; on a quiet one, 50 ms.
 
 **Re-authorisation.** Nothing decided at connect is trusted for long: every ``recheck_s``
-(3 s) the consumer reads the session again by its key from the session store and the user
-again from the database (``_session_user``), then decides access again with that fresh user.
-So within a few seconds
+(3 s) each socket's session is read again by its key from the session store and its user again
+from the database (``_session_users``), and access is decided again with that fresh user. So
+within a few seconds
 
 - a logout (the session flushed from the store), an expired session, a password change (the
   session's auth hash no longer matches) or a deactivation closes the socket with **4401**;
@@ -31,18 +31,18 @@ So within a few seconds
   their events; the socket stays open for the rest.
 
 A recheck that fails (database down) closes with 4500: access is never assumed, and the page
-reconnects and authenticates afresh. The first recheck of each socket is spread at random over
-one interval, so a thousand pages reconnecting after a deploy do not check in lockstep.
+reconnects and authenticates afresh.
 
-Cost: per open socket and interval, one session read (a primary-key row of ``django_session``,
-or one Redis GET with cache sessions), one user by primary key, and one access query (the
-user's memberships, or the job joined to them) — three indexed lookups, made in one trip to
-Channels' one database thread (each trip costs a hand-over between threads and a connection
-health check on top of the queries). A thousand open sockets make about a thousand such queries
-and 333 trips a second (``benchmarks/websockets.py`` measures what that leaves for delivery);
-``recheck_s`` trades that load against how long a revoked user keeps listening. With
-signed-cookie sessions there is no server-side session to find gone, so a logout is not seen;
-everything else is.
+Cost: the rechecks of a process are made in batches by its ``Warden``: every socket due (or
+due within a third of an interval) is read in one trip to Channels' database thread, with one
+query for all their sessions (database sessions; one read per key with other engines), one for
+all their users, one for the memberships of all the job-list sockets' users (and one for every
+project when an operator is among them), and one per job-page or cluster-page socket. A
+thousand open sockets cost a few trips and a few dozen queries every interval — where a trip
+and three queries per socket (333 trips a second) took two thirds of a core before
+(``benchmarks/websockets.py`` measures both). ``recheck_s`` trades that load against how long
+a revoked user keeps listening. With signed-cookie sessions there is no server-side session to
+find gone, so a logout is not seen; everything else is.
 
 **Redis faults.** The channel layer (``foundation.live.RedisChannelLayer``) keeps receiving
 through a Redis restart instead of failing the socket. A flush or a restart empties the group
@@ -68,6 +68,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import weakref
 from importlib import import_module
 from typing import Any
 
@@ -81,12 +82,16 @@ from django.contrib.auth import (
     get_user_model,
     load_backend,
 )
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.sessions.backends.db import SessionStore as DatabaseSessionStore
+from django.core.exceptions import ValidationError
+from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from clusters.selectors import cluster_by_name
 from foundation.live import LAYER_ERRORS
-from portal.access import access_job, visible_projects
+from portal.access import access_job, visible_project_ids
 from portal.hub import hub
 
 log = logging.getLogger(__name__)
@@ -140,12 +145,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         await self.send_json({"type": "hello", "groups": len(groups)})
-        self.rechecker = asyncio.ensure_future(self._recheck_forever())
+        self.warden = warden()
+        self.warden.watch(self)
 
     async def disconnect(self, code: int) -> None:
-        for task in (getattr(self, "flusher", None), getattr(self, "rechecker", None)):
-            if task is not None:
-                task.cancel()
+        if getattr(self, "warden", None) is not None:
+            self.warden.forget(self)
+        if getattr(self, "flusher", None) is not None:
+            self.flusher.cancel()
         self.hearing = False
         with contextlib.suppress(LAYER_ERRORS):  # Redis away: the memberships go with it, or expire
             await self._leave(getattr(self, "live_groups", []))
@@ -176,13 +183,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         database thread); ``None`` when it may hear nothing here."""
         raise NotImplementedError
 
-    def _reauthorise(self, session_key: str | None) -> tuple[AbstractBaseUser | None, list[str] | None]:
-        """The session's user read afresh and the groups it may hear, in one trip to the database
-        thread (a recheck of every open socket every few seconds: the trips are the cost)."""
-        user = _session_user(session_key)
-        if user is None or user.pk != self.user.pk:
-            return None, None
-        return user, self.groups_for(user)
+    @classmethod
+    def groups_for_many(cls, sockets: list[tuple[LiveConsumer, AbstractBaseUser]]) -> list[list[str] | None]:
+        """``groups_for`` of many sockets of this class at once (on the database thread); a
+        class whose access query can be made once for all its sockets overrides this."""
+        return [socket.groups_for(user) for socket, user in sockets]
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return True
@@ -218,10 +223,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             for node_id in data["node_ids"]:
                 self.nodes[node_id] = data["to_state"]
 
-    async def _recheck(self) -> int | None:
-        """Read the session and the user afresh and decide access again; join and leave groups
-        to match. Returns the close code when the socket must close, None when it may stay."""
-        user, groups = await database_sync_to_async(self._reauthorise)(self.session_key)
+    async def _settle(self, user: AbstractBaseUser | None, groups: list[str] | None) -> int | None:
+        """Act on a recheck's reading (the session's user read afresh, and the groups it may
+        hear): join and leave groups to match. Returns the close code when the socket must
+        close, None when it may stay."""
         if user is None:
             return SIGNED_OUT
         self.user = user  # access was decided with what the database says now
@@ -250,25 +255,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return False
         return not member or layer.faults != self.faults_seen
 
-    async def _recheck_forever(self) -> None:
-        # The first wait is random within one interval, so sockets opened together (every page
-        # reconnecting after a deploy) spread their checks instead of querying in lockstep.
-        await asyncio.sleep(random.uniform(0, self.recheck_s))
-        while True:
-            try:
-                code = await self._recheck()
-            except Exception:  # fail closed: a socket is never kept open on an access decision not made
-                log.exception("live socket recheck failed; closing")
-                code = RECHECK_FAILED
-            if code is not None:
-                # Stop hearing first: nothing pending, and nothing arriving, is sent once access is gone.
-                self.hearing = False
-                if self.flusher is not None:
-                    self.flusher.cancel()
-                self.jobs, self.nodes, self.new_jobs = {}, {}, 0
-                await self.close(code=code)
-                return
-            await asyncio.sleep(self.recheck_s)
+    async def _shut(self, code: int) -> None:
+        """Close after a recheck: stop hearing first, so nothing pending, and nothing arriving,
+        is sent once access is gone."""
+        self.warden.forget(self)
+        self.hearing = False
+        if self.flusher is not None:
+            self.flusher.cancel()
+        self.jobs, self.nodes, self.new_jobs = {}, {}, 0
+        await self.close(code=code)
 
     async def _flush_at(self, due: float) -> None:
         """Send the pending delta at loop time ``due``; events folded in meanwhile go with it."""
@@ -285,8 +280,16 @@ class JobsConsumer(LiveConsumer):
     """``/ws/jobs/``: every job of the projects the user belongs to (operators: all)."""
 
     def groups_for(self, user: AbstractBaseUser) -> list[str] | None:
-        self.projects = set(visible_projects(user).values_list("pk", flat=True))
-        return [f"project.{p}" for p in sorted(self.projects)]
+        return self.groups_for_many([(self, user)])[0]
+
+    @classmethod
+    def groups_for_many(cls, sockets: list[tuple[LiveConsumer, AbstractBaseUser]]) -> list[list[str] | None]:
+        visible = visible_project_ids([user for _, user in sockets])
+        out: list[list[str] | None] = []
+        for socket, user in sockets:
+            socket.projects = visible[user.pk]
+            out.append([f"project.{p}" for p in sorted(socket.projects)])
+        return out
 
     def allowed(self, event: str, data: dict[str, Any]) -> bool:
         return data.get("project_id") in self.projects
@@ -344,30 +347,144 @@ def _job_project(user: Any, job_id: int) -> int | None:
 
 
 def _session_user(session_key: str | None) -> AbstractBaseUser | None:
-    """The active user whom the session ``session_key`` still signs in, read afresh from the
-    session store and the database; None when the session is gone (logged out, expired), its
+    """The active user whom the session ``session_key`` still signs in (``_session_users`` of
+    one key)."""
+    return _session_users([session_key]).get(session_key) if session_key else None
+
+
+def _session_users(session_keys: list[str]) -> dict[str, AbstractBaseUser | None]:
+    """For each session key, the active user whom that session still signs in, read afresh from
+    the session store and the database; None when the session is gone (logged out, expired), its
     auth hash no longer matches the user's (password changed), or the user is inactive or gone.
 
     The same checks as ``django.contrib.auth.get_user``, but read-only: a socket never flushes
     or cycles a session (a hash matching a ``SECRET_KEY_FALLBACKS`` key still counts, and the
-    next HTTP request rotates it). Two queries: the session row and the user row."""
-    if not session_key:
-        return None
-    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    try:
-        user_id = get_user_model()._meta.pk.to_python(session[SESSION_KEY])
-        backend_path = session[BACKEND_SESSION_KEY]
-    except KeyError:
-        return None
-    if backend_path not in settings.AUTHENTICATION_BACKENDS:
-        return None
-    user = load_backend(backend_path).get_user(user_id)
-    if user is None or not getattr(user, "is_active", True):
-        return None
-    stored = session.get(HASH_SESSION_KEY)
-    if not stored:
-        return None
-    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
-    if not any(constant_time_compare(stored, h) for h in hashes):
-        return None
-    return user
+    next HTTP request rotates it). With database sessions and the model backend, two queries
+    however many keys: the session rows and the user rows."""
+    found: dict[str, AbstractBaseUser | None] = dict.fromkeys(session_keys)
+    wanted: dict[str, list[tuple[str, Any, str]]] = {}  # backend → (session key, user id, hash)
+    for key, session in _sessions(session_keys).items():
+        try:
+            user_id = get_user_model()._meta.pk.to_python(session[SESSION_KEY])
+            backend_path = session[BACKEND_SESSION_KEY]
+        except (KeyError, ValidationError):
+            continue
+        if backend_path in settings.AUTHENTICATION_BACKENDS and session.get(HASH_SESSION_KEY):
+            wanted.setdefault(backend_path, []).append((key, user_id, session[HASH_SESSION_KEY]))
+    for backend_path, sessions in wanted.items():
+        users = _users(load_backend(backend_path), {user_id for _, user_id, _ in sessions})
+        for key, user_id, stored in sessions:
+            user = users.get(user_id)
+            if user is None or not getattr(user, "is_active", True):
+                continue
+            hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+            if any(constant_time_compare(stored, h) for h in hashes):
+                found[key] = user
+    return found
+
+
+def _sessions(session_keys: list[str]) -> dict[str, dict[str, Any]]:
+    """The data of each live session among ``session_keys``: one query for database-backed
+    sessions (``cached_db`` too: the database is their record), one read per key otherwise."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    if issubclass(store, DatabaseSessionStore):
+        rows = store.get_model_class().objects.filter(
+            session_key__in=session_keys, expire_date__gt=timezone.now()
+        )
+        return {key: store().decode(data) for key, data in rows.values_list("session_key", "session_data")}
+    return {key: store(key).load() for key in session_keys}
+
+
+def _users(backend: Any, user_ids: set[Any]) -> dict[Any, AbstractBaseUser]:
+    """The users of ``user_ids`` the backend would sign in (``get_user``): one query with the
+    model backend, one call per user with any other."""
+    if isinstance(backend, ModelBackend):
+        rows = get_user_model()._default_manager.filter(pk__in=user_ids)
+        return {user.pk: user for user in rows if backend.user_can_authenticate(user)}
+    return {user_id: user for user_id in user_ids if (user := backend.get_user(user_id)) is not None}
+
+
+def _read_access(sockets: list[LiveConsumer]) -> list[tuple[AbstractBaseUser | None, list[str] | None]]:
+    """What a recheck of ``sockets`` reads, on the database thread: each socket's session user
+    read afresh (None when it no longer signs in this socket's user) and the groups it may
+    hear (None when nothing here). A few queries for all the sockets of a process, not three
+    per socket: the sessions, the users, and each kind of socket's access query."""
+    users = _session_users(sorted({socket.session_key for socket in sockets if socket.session_key}))
+    read: dict[int, tuple[AbstractBaseUser | None, list[str] | None]] = {}
+    by_kind: dict[type[LiveConsumer], list[tuple[LiveConsumer, AbstractBaseUser]]] = {}
+    for socket in sockets:
+        user = users.get(socket.session_key) if socket.session_key else None
+        if user is None or user.pk != socket.user.pk:
+            read[id(socket)] = (None, None)
+        else:
+            by_kind.setdefault(type(socket), []).append((socket, user))
+    for kind, members in by_kind.items():
+        for (socket, user), groups in zip(members, kind.groups_for_many(members), strict=True):
+            read[id(socket)] = (user, groups)
+    return [read[id(socket)] for socket in sockets]
+
+
+class Warden:
+    """Re-authorises every open socket of a process (of its event loop) every ``recheck_s``, in
+    batches: the sockets due — and those due within the next third of an interval, checked a
+    little early — are read in one trip to Channels' database thread (``_read_access``), then
+    each acts on its reading. A thousand open sockets cost about one trip and a handful of
+    queries a second, instead of 333 trips and a thousand queries. The first check of each
+    socket is spread at random over one interval; checks early by up to a third of an interval
+    draw the sockets into a few batches per interval.
+
+    A batch whose reading fails (the database is down) closes each of its sockets with 4500:
+    access is never assumed."""
+
+    def __init__(self) -> None:
+        self.due: dict[LiveConsumer, float] = {}  # socket → loop time of its next check
+        self.task: asyncio.Task | None = None
+
+    def watch(self, socket: LiveConsumer) -> None:
+        loop = asyncio.get_running_loop()
+        self.due[socket] = loop.time() + random.uniform(0, socket.recheck_s)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+
+    def forget(self, socket: LiveConsumer) -> None:
+        self.due.pop(socket, None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.due:
+            tick = min(socket.recheck_s for socket in self.due) / 3
+            await asyncio.sleep(max(min(self.due.values()) - tick - loop.time(), 0.01))
+            now = loop.time()
+            batch = [socket for socket, due in self.due.items() if due <= now + socket.recheck_s / 3]
+            if not batch:
+                continue
+            for socket in batch:
+                self.due[socket] = now + socket.recheck_s
+            try:
+                readings: list[tuple | None] = await database_sync_to_async(_read_access)(batch)
+            except Exception:  # fail closed: no socket stays open on an access decision not made
+                log.exception("live socket recheck failed; closing %d sockets", len(batch))
+                readings = [None] * len(batch)
+            await asyncio.gather(*map(self._settle, batch, readings))
+
+    async def _settle(self, socket: LiveConsumer, reading: tuple | None) -> None:
+        if socket not in self.due:  # closed while its reading was made
+            return
+        try:
+            code = RECHECK_FAILED if reading is None else await socket._settle(*reading)
+        except Exception:
+            log.exception("live socket recheck failed; closing")
+            code = RECHECK_FAILED
+        if code is not None:
+            await socket._shut(code)
+
+
+_wardens: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Warden] = weakref.WeakKeyDictionary()
+
+
+def warden() -> Warden:
+    """This event loop's warden."""
+    loop = asyncio.get_running_loop()
+    if loop not in _wardens:
+        _wardens[loop] = Warden()
+    return _wardens[loop]

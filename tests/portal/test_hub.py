@@ -162,13 +162,13 @@ async def test_the_sockets_of_a_group_share_one_membership_check(alice, monkeypa
 
     monkeypatch.setattr(type(layer), "is_member", counting)
     rechecks: list[int] = []
-    recheck = LiveConsumer._recheck
+    settle = LiveConsumer._settle
 
-    async def counted(self):
+    async def counted(self, user, groups):
         rechecks.append(1)
-        return await recheck(self)
+        return await settle(self, user, groups)
 
-    monkeypatch.setattr(LiveConsumer, "_recheck", counted)
+    monkeypatch.setattr(LiveConsumer, "_settle", counted)
     sockets = await _opened(alice, 5)
     asked.clear()
     rechecks.clear()

@@ -313,10 +313,10 @@ async def test_a_failed_recheck_closes_rather_than_trusts(world, monkeypatch):
     that raises: the socket must close (4500), never carry on with the last decision."""
     from portal import consumers
 
-    def broken(session_key):
+    def broken(session_keys):
         raise RuntimeError("database unavailable")
 
-    monkeypatch.setattr(consumers, "_session_user", broken)
+    monkeypatch.setattr(consumers, "_session_users", broken)
     _, headers = await sync_to_async(_signed_in)(world["alice"])
     socket = await _open("/ws/jobs/", headers)
     assert await _closed_with(socket) == 4500
@@ -332,3 +332,33 @@ def test_a_recheck_reads_the_session_and_the_user_in_two_queries(world, django_a
         assert _session_user(key) == world["alice"]
     client.logout()
     assert _session_user(key) is None
+
+
+def test_the_rechecks_of_many_sockets_are_a_few_queries(world, django_assert_num_queries):
+    """A process rechecks its sockets in batches: the sessions, the users and the job lists'
+    memberships are one query each, however many sockets; what each socket reads is still its
+    own session's user and that user's projects."""
+    from portal.consumers import FleetConsumer, JobsConsumer, _read_access
+
+    users = [make_user(f"viewer{i}") for i in range(8)]
+    projects = [make_project(f"p{i}", members=(u,)) for i, u in enumerate(users)]
+    sockets = []
+    clients = []
+    for user in users:
+        client, _ = _signed_in(user)
+        clients.append(client)
+        for kind in (JobsConsumer, FleetConsumer):
+            socket = kind()
+            socket.user, socket.session_key = user, client.session.session_key
+            sockets.append(socket)
+    clients[0].logout()  # viewer0 signed out: both its sockets are told so
+    sockets[2].user = users[0]  # a socket whose session now signs in someone else
+    with django_assert_num_queries(3):
+        readings = _read_access(sockets)
+    assert readings[0] == readings[1] == readings[2] == (None, None)
+    for i in range(1, 8):
+        jobs, fleet = readings[2 * i], readings[2 * i + 1]
+        if i > 1:
+            assert jobs == (users[i], [f"project.{projects[i].pk}"])
+            assert sockets[2 * i].projects == {projects[i].pk}
+        assert fleet == (users[i], ["fleet"])
