@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -149,6 +150,18 @@ class RedisChannelLayer(BaseRedisChannelLayer):
                 self.faults += 1
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RECEIVE_RETRY_S[1])
+
+    async def group_add(self, group: str, channel: str) -> bool:
+        """channels-redis' ``group_add`` (the member's time set, the group's expiry renewed),
+        telling whether ``channel`` was missing from the group: a fresh join, or a membership
+        Redis lost (flushed, evicted) that a renewal puts back."""
+        assert self.require_valid_group_name(group), "Group name not valid"
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        key = self._group_key(group)
+        connection = self.connection(self.consistent_hash(group))
+        added = await connection.zadd(key, {channel: time.time()})
+        await connection.expire(key, self.group_expiry)
+        return bool(added)
 
     async def is_member(self, group: str, channel: str) -> bool:
         """Whether ``channel`` is in ``group`` now (one ZSCORE); raises when Redis is away."""

@@ -65,7 +65,6 @@ Daphne refuses to send the protocol's 1011 or 1012, and a close it refuses never
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
@@ -85,6 +84,7 @@ from django.contrib.auth import (
 )
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.sessions.backends.cached_db import SessionStore as CachedDatabaseSessionStore
 from django.contrib.sessions.backends.db import SessionStore as DatabaseSessionStore
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -136,6 +136,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=NOT_FOUND)
             return
         self.live_groups: list[str] = []
+        self.losses_seen: dict[str, int] = {}  # group → the hub's count of lost memberships at join
         self.hub = hub()
         self.faults_seen = getattr(self.hub and self.hub.layer, "faults", 0)
         try:
@@ -155,8 +156,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if getattr(self, "flusher", None) is not None:
             self.flusher.cancel()
         self.hearing = False
-        with contextlib.suppress(LAYER_ERRORS):  # Redis away: the memberships go with it, or expire
-            await self._leave(getattr(self, "live_groups", []))
+        await self._stop_listening()
+
+    async def _stop_listening(self) -> None:
+        """Leave every group the hub has this socket in (also one a recheck was joining)."""
+        self.live_groups = []
+        if getattr(self, "hub", None) is not None:
+            await self.hub.leave_all(self)
 
     async def _join(self, groups: list[str]) -> None:
         """Listen to every group through the process' hub (joining again only renews the
@@ -164,8 +170,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for group in groups:
             if self.hub is not None:
                 await self.hub.join(group, self)
+                if not self.hearing:  # closed while it joined: leave what it has joined
+                    await self.hub.leave_all(self)
+                    return
             if group not in self.live_groups:
                 self.live_groups.append(group)
+                self.losses_seen[group] = self.hub.losses.get(group, 0) if self.hub else 0
         self.joined_at = asyncio.get_running_loop().time()
 
     async def _leave(self, groups: list[str]) -> None:
@@ -250,8 +260,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         layer = self.hub and self.hub.layer
         if not hasattr(layer, "is_member") or not self.live_groups:  # the in-memory layer loses nothing
             return False
+        first = self.live_groups[0]
+        if self.hub.losses.get(first, 0) != self.losses_seen.get(first, 0):
+            return True  # another socket's join found the membership gone since this one joined
         try:
-            member = await self.hub.is_member(self.live_groups[0])
+            member = await self.hub.is_member(first)
         except LAYER_ERRORS:
             return False
         return not member or layer.faults != self.faults_seen
@@ -265,6 +278,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             self.flusher.cancel()
         self.jobs, self.nodes, self.new_jobs = {}, {}, 0
         await self.close(code=code)
+        await self._stop_listening()  # not only once the client has answered the close
 
     async def _flush_at(self, due: float) -> None:
         """Send the pending delta at loop time ``due``; events folded in meanwhile go with it."""
@@ -388,7 +402,7 @@ def _sessions(session_keys: list[str]) -> dict[str, dict[str, Any]]:
     """The data of each live session among ``session_keys``: one query for database-backed
     sessions (``cached_db`` too: the database is their record), one read per key otherwise."""
     store = import_module(settings.SESSION_ENGINE).SessionStore
-    if issubclass(store, DatabaseSessionStore):
+    if store in (DatabaseSessionStore, CachedDatabaseSessionStore):
         rows = store.get_model_class().objects.filter(
             session_key__in=session_keys, expire_date__gt=timezone.now()
         )
@@ -407,19 +421,23 @@ def _decoded(store: type, data: str) -> dict[str, Any]:
 def _users(backend: Any, user_ids: set[Any]) -> dict[Any, AbstractBaseUser]:
     """The users of ``user_ids`` the backend would sign in (``get_user``): one query with the
     model backend, one call per user with any other."""
-    if isinstance(backend, ModelBackend):
+    if type(backend).get_user is ModelBackend.get_user:  # the model backend's own lookup
         rows = get_user_model()._default_manager.filter(pk__in=user_ids)
         return {user.pk: user for user in rows if backend.user_can_authenticate(user)}
     return {user_id: user for user_id in user_ids if (user := backend.get_user(user_id)) is not None}
 
 
-def _read_access(sockets: list[LiveConsumer]) -> list[tuple[AbstractBaseUser | None, list[str] | None]]:
+Reading = tuple[AbstractBaseUser | None, list[str] | None]  # a socket's user read afresh, its groups
+
+
+def _read_access(sockets: list[LiveConsumer]) -> list[Reading | None]:
     """What a recheck of ``sockets`` reads, on the database thread: each socket's session user
     read afresh (None when it no longer signs in this socket's user) and the groups it may
-    hear (None when nothing here). A few queries for all the sockets of a process, not three
-    per socket: the sessions, the users, and each kind of socket's access query."""
+    hear (None when nothing here); None for a socket whose access could not be read. A few
+    queries for all the sockets of a process, not three per socket: the sessions, the users,
+    and each kind of socket's access query."""
     users = _session_users(sorted({socket.session_key for socket in sockets if socket.session_key}))
-    read: dict[int, tuple[AbstractBaseUser | None, list[str] | None]] = {}
+    read: dict[int, Reading | None] = {}
     by_kind: dict[type[LiveConsumer], list[tuple[LiveConsumer, AbstractBaseUser]]] = {}
     for socket in sockets:
         user = users.get(socket.session_key) if socket.session_key else None
@@ -428,8 +446,13 @@ def _read_access(sockets: list[LiveConsumer]) -> list[tuple[AbstractBaseUser | N
         else:
             by_kind.setdefault(type(socket), []).append((socket, user))
     for kind, members in by_kind.items():
-        for (socket, user), groups in zip(members, kind.groups_for_many(members), strict=True):
-            read[id(socket)] = (user, groups)
+        try:
+            decided = kind.groups_for_many(members)
+        except Exception:  # this kind's access query failed: its sockets close (4500), not the rest
+            log.exception("live socket recheck failed for %s", kind.__name__)
+            decided = None
+        for i, (socket, user) in enumerate(members):
+            read[id(socket)] = None if decided is None else (user, decided[i])
     return [read[id(socket)] for socket in sockets]
 
 
@@ -459,33 +482,53 @@ class Warden:
         self.due.pop(socket, None)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while self.due:
-            tick = min(socket.recheck_s for socket in self.due) / 3
-            await asyncio.sleep(max(min(self.due.values()) - tick - loop.time(), 0.01))
-            now = loop.time()
-            batch = [socket for socket, due in self.due.items() if due <= now + socket.recheck_s / 3]
-            if not batch:
-                continue
-            for socket in batch:
-                self.due[socket] = now + socket.recheck_s
             try:
-                readings: list[tuple | None] = await database_sync_to_async(_read_access)(batch)
-            except Exception:  # fail closed: no socket stays open on an access decision not made
-                log.exception("live socket recheck failed; closing %d sockets", len(batch))
-                readings = [None] * len(batch)
-            await asyncio.gather(*map(self._settle, batch, readings))
+                await self._pass()
+            except Exception:  # the warden outlives any one batch: a socket never goes unchecked
+                log.exception("live socket rechecks: a batch failed")
+                await asyncio.sleep(1.0)
 
-    async def _settle(self, socket: LiveConsumer, reading: tuple | None) -> None:
+    async def _pass(self) -> None:
+        """Wait for the next socket due (there is one), then recheck it and those due soon after
+        it."""
+        loop = asyncio.get_running_loop()
+        tick = min(socket.recheck_s for socket in self.due) / 3
+        await asyncio.sleep(max(min(self.due.values()) - tick - loop.time(), 0.01))
+        now = loop.time()
+        batch = [socket for socket, due in self.due.items() if due <= now + socket.recheck_s / 3]
+        if not batch:
+            return
+        for socket in batch:
+            self.due[socket] = now + socket.recheck_s
+        # Neither the reading nor a socket's joins and probes may hold the others up for longer
+        # than an interval: past that, the socket closes (4500) rather than go unchecked.
+        limit = max(min(socket.recheck_s for socket in batch), 1.0)
+        try:
+            read = database_sync_to_async(_read_access)(batch)
+            readings: list[Reading | None] = await asyncio.wait_for(read, limit)
+        except Exception:  # fail closed: no socket stays open on an access decision not made
+            log.exception("live socket recheck failed; closing %d sockets", len(batch))
+            readings = [None] * len(batch)
+        await asyncio.gather(
+            *(self._settle(socket, reading, limit) for socket, reading in zip(batch, readings, strict=True))
+        )
+
+    async def _settle(self, socket: LiveConsumer, reading: Reading | None, limit: float) -> None:
         if socket not in self.due:  # closed while its reading was made
             return
         try:
-            code = RECHECK_FAILED if reading is None else await socket._settle(*reading)
+            code = (
+                RECHECK_FAILED if reading is None else await asyncio.wait_for(socket._settle(*reading), limit)
+            )
         except Exception:
             log.exception("live socket recheck failed; closing")
             code = RECHECK_FAILED
         if code is not None:
-            await socket._shut(code)
+            try:
+                await socket._shut(code)
+            except Exception:  # the connection is already gone
+                log.warning("live socket not closed cleanly", exc_info=True)
 
 
 _wardens: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Warden] = weakref.WeakKeyDictionary()

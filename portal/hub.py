@@ -13,8 +13,11 @@ Membership follows the sockets: the first socket of a group makes the hub join i
 reading; every later one renews the membership (``group_add`` is idempotent: it refreshes the
 member's time in Redis), so a socket that reconnects after Redis lost the groups puts the
 process back in; the last socket to leave makes the hub leave the group and stop reading.
-Joins and leaves of the hub are serialised, so a leave can never land after a join of a newer
-socket and drop the group from under it.
+Joins and leaves of one group are serialised, so a leave can never land after a join of a newer
+socket and drop the group from under it. A renewal that finds the membership gone (Redis was
+flushed, or evicted it) counts a loss for the group (``losses``): the sockets that joined
+before it missed events, and their next recheck tells them to reconnect and resynchronise —
+the renewal must not hide the loss from them.
 
 There is one hub per event loop (Daphne runs one per process; tests run one per test).
 """
@@ -44,7 +47,10 @@ class Hub:
         self.listeners: dict[str, set[Listener]] = {}
         self.channels: dict[str, str] = {}  # group → this process' channel in it
         self.readers: dict[str, asyncio.Task] = {}
-        self.changing = asyncio.Lock()  # one join or leave of the hub at a time
+        self.changing: dict[str, asyncio.Lock] = {}  # per group: one join or leave at a time
+        # group → how often a renewal found this process' membership gone from Redis (flushed,
+        # evicted): sockets that joined before a loss missed events and must resynchronise
+        self.losses: dict[str, int] = {}
         # group → (loop time, channel, layer faults, answer) of the last membership check
         self.known: dict[str, tuple[float, str, int, asyncio.Future]] = {}
 
@@ -60,27 +66,49 @@ class Hub:
 
     async def join(self, group: str, listener: Listener) -> None:
         """Listen to ``group``; the hub joins it (again: that renews the membership). Raises what
-        the layer raises when Redis is away, and then ``listener`` is not listening."""
+        the layer raises when Redis is away (or the join is cancelled), and then ``listener`` is
+        not listening."""
         self.listeners.setdefault(group, set()).add(listener)
         try:
-            async with self.changing:
-                if group not in self.channels:
+            async with self._lock(group):
+                renewal = group in self.channels
+                if not renewal:
                     channel = await self.layer.new_channel()
                     self.channels[group] = channel
                     self.readers[group] = asyncio.ensure_future(self._read(group, channel))
-                await self.layer.group_add(group, self.channels[group])
+                added = await self.layer.group_add(group, self.channels[group])
+                if renewal and added is True:  # the Redis layer says it was not a member any more
+                    self.losses[group] = self.losses.get(group, 0) + 1
                 self._known_member(group)
-        except Exception:
+        except BaseException:
             with contextlib.suppress(Exception):  # Redis away: the membership goes with it, or expires
                 await self.leave(group, listener)
             raise
+
+    def _lock(self, group: str) -> asyncio.Lock:
+        if group not in self.changing:
+            self.changing[group] = asyncio.Lock()
+        return self.changing[group]
+
+    async def leave_all(self, listener: Listener) -> None:
+        """Stop ``listener`` hearing every group it listens to: it stops hearing all of them at
+        once, then the hub leaves those it was the last listener of (a leave Redis refuses does
+        not keep the others)."""
+        groups = [group for group, listening in self.listeners.items() if listener in listening]
+        for group in groups:
+            self.listeners[group].discard(listener)
+        for group in groups:
+            try:
+                await self.leave(group, listener)
+            except Exception:  # Redis away: the membership expires (channels-redis: a day)
+                log.warning("live group %s not left", group, exc_info=True)
 
     async def leave(self, group: str, listener: Listener) -> None:
         """Stop ``listener`` hearing ``group``; the hub leaves it with its last listener."""
         listening = self.listeners.get(group)
         if listening is not None:
             listening.discard(listener)
-        async with self.changing:
+        async with self._lock(group):
             if self.listeners.get(group) or group not in self.channels:
                 return
             self.listeners.pop(group, None)
@@ -118,7 +146,13 @@ class Hub:
 
     async def _read(self, group: str, channel: str) -> None:
         while True:
-            message = await self.layer.receive(channel)
+            try:
+                message = await self.layer.receive(channel)
+            except Exception:  # the reader outlives any one message (the Redis layer itself
+                # retries while Redis is away): a group is never left without one
+                log.exception("live group %s: receive failed; reading on", group)
+                await asyncio.sleep(1.0)
+                continue
             for listener in tuple(self.listeners.get(group, ())):
                 try:
                     listener.hear(message)

@@ -74,24 +74,33 @@ async def test_many_sockets_of_a_process_are_one_member_and_all_hear(alice):
     assert await _members("fleet") - before == set()  # the last one out takes the process out
 
 
-async def test_a_socket_that_joins_puts_a_lost_membership_back(alice):
+async def test_a_socket_that_joins_puts_a_lost_membership_back(alice, monkeypatch):
     """Redis lost the group (a flush) while sockets of this process were open: a page that
-    reconnects joins again, and the process is a member once more — it does not wait for every
-    older socket of the group to have closed."""
+    (re)connects joins again, and the process is a member once more — it does not wait for every
+    older socket of the group to have closed. The older sockets missed what was sent meanwhile:
+    their next recheck tells them to reconnect and resynchronise (4503), though the process is a
+    member again."""
+    from portal.consumers import LiveConsumer
+
+    monkeypatch.setattr(LiveConsumer, "recheck_s", 0.3)
     before = await _members("fleet")
-    sockets = await _opened(alice, 2)
+    older = await _opened(alice, 2)
     joined = await _members("fleet") - before
     layer = get_channel_layer()
     for channel in joined:
         await layer.group_discard("fleet", channel)
     assert await _members("fleet") - before == set()
-    sockets += await _opened(alice, 1)
+    (newer,) = await _opened(alice, 1)
     assert await _members("fleet") - before == joined
+    for socket in older:
+        closed = await socket.receive_output(timeout=3)
+        assert closed == {"type": "websocket.close", "code": 4503}
     await layer.group_send("fleet", _node_event(8))
-    for socket in sockets:
-        assert (await socket.receive_json_from(timeout=3))["nodes"] == {"8": "down"}
-    for socket in sockets:
-        await socket.disconnect()
+    assert (await newer.receive_json_from(timeout=3))["nodes"] == {"8": "down"}
+    await asyncio.sleep(1.0)  # three more rechecks: the newer socket stays
+    assert await newer.receive_nothing(timeout=0.1)
+    await newer.disconnect()
+    assert await _members("fleet") - before == set()
 
 
 class Listener:
