@@ -30,8 +30,9 @@ within a few seconds
 - a user who lost some projects only (``/ws/jobs/``) leaves those projects' groups and drops
   their events; the socket stays open for the rest.
 
-A recheck that fails (database down) closes with 4500: access is never assumed, and the page
-reconnects and authenticates afresh.
+A recheck that fails (database down), or that cannot finish within an interval (a database or
+Redis call hanging), closes with 4500: access is never assumed, and the page reconnects and
+authenticates afresh.
 
 Cost: the rechecks of a process are made in batches by its ``Warden``: every socket due (or
 due within a third of an interval) is read in one trip to Channels' database thread, with one
@@ -48,12 +49,13 @@ find gone, so a logout is not seen; everything else is.
 through a Redis restart instead of failing the socket. A flush or a restart empties the group
 memberships, and events published while Redis was away are gone, so each recheck also asks Redis
 whether this process is still in the socket's first group (one ZSCORE, which the process'
-sockets of that group share: at most one a second per group): when it is not, or when the
-layer's receive failed since the socket joined, the socket closes with **4503** and the page
-reconnects, joins afresh and resynchronises from REST. While Redis is away the probe fails and
-the socket simply stays open; the decision is made once Redis answers, within one interval.
-Memberships are also renewed every ``rejoin_s`` (an hour), well inside their expiry in Redis (a
-day), so a wall display left open for days keeps hearing.
+sockets of that group share: at most one a second per group) and whether another socket's join
+found the process' membership gone since this one joined (``Hub.losses``): when either says so,
+or when the layer's receive failed since the socket joined, the socket closes with **4503** and
+the page reconnects, joins afresh and resynchronises from REST. While Redis is away the probe
+fails and the socket simply stays open; the decision is made once Redis answers, within one
+interval. Memberships are also renewed every ``rejoin_s`` (an hour), well inside their expiry in
+Redis (a day), so a wall display left open for days keeps hearing.
 
 Close codes: 4401 not signed in, signed out, password changed or deactivated; 4404 no such job
 or not yours (also when access is lost); 4500 the recheck itself failed, or Redis was away at
@@ -262,12 +264,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return False
         first = self.live_groups[0]
         if self.hub.losses.get(first, 0) != self.losses_seen.get(first, 0):
-            return True  # another socket's join found the membership gone since this one joined
+            log.info("live socket on %s: another socket's join found the membership lost", first)
+            return True
         try:
             member = await self.hub.is_member(first)
         except LAYER_ERRORS:
             return False
-        return not member or layer.faults != self.faults_seen
+        missed = layer.faults - self.faults_seen
+        if not member:
+            log.info("live socket on %s: Redis no longer has this process in the group", first)
+        elif missed:
+            log.info("live socket on %s: %d receives failed since it joined", first, missed)
+        return not member or missed != 0
 
     async def _shut(self, code: int) -> None:
         """Close after a recheck: stop hearing first, so nothing pending, and nothing arriving,

@@ -21,6 +21,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from portal.deployment import production_problems
 from scheduling.refs import PATTERN as JOB_REF_PATTERN
@@ -190,7 +193,17 @@ if REDIS_URL:
     CACHES = {"default": {"BACKEND": "foundation.cache.ForgivingRedisCache", "LOCATION": REDIS_URL}}
     # The layer's blocking receive waits 5 s on Redis: a read time-out must be longer, or an idle
     # socket's receive fails and the socket closes (redis-py 8 reads with a 5 s default).
-    _CHANNEL_REDIS = {"socket_timeout": 15.0, "socket_connect_timeout": 3.0, "socket_keepalive": True}
+    # redis-py hands out a pooled connection from before a Redis restart unchecked (its check
+    # for a closed connection is skipped while maintenance notifications are "auto"), so its
+    # first command fails. One immediate retry on a fresh connection: a receive does not count
+    # a fault for it, and the sockets that reconnected after the restart are not closed again.
+    # (The asyncio Retry: the layer's client awaits it.)
+    _CHANNEL_REDIS = {
+        "socket_timeout": 15.0,
+        "socket_connect_timeout": 3.0,
+        "socket_keepalive": True,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    }
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "foundation.live.RedisChannelLayer",
