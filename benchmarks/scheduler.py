@@ -106,6 +106,9 @@ def main() -> None:
         help="commit each cycle on a second connection while the next decides (on), or not",
     )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the placing cycles into PATH (pstats)")
+    parser.add_argument(
+        "--profile-idle", metavar="PATH", help="cProfile the steady no-capacity cycles into PATH (pstats)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     # On a shared machine one cycle's decide phase can run past the production stall bound (10 s)
@@ -154,7 +157,18 @@ def main() -> None:
         # The yardstick is sampled before, between and after the measured phases and its median
         # used, so a burst on the shared machine during one pass does not swing the ratios.
         samples = [bare_numpy(workload)]
-        result.update(run(workload, say, args.per_cycle, fine, args.pipeline == "on", samples, args.profile))
+        result.update(
+            run(
+                workload,
+                say,
+                args.per_cycle,
+                fine,
+                args.pipeline == "on",
+                samples,
+                args.profile,
+                args.profile_idle,
+            )
+        )
         samples.append(bare_numpy(workload))
         limit = statistics.median(samples)
         result["limit_placements_per_s"] = round(limit)
@@ -390,6 +404,7 @@ def run(
     pipelined: bool,
     yardstick: list[float],
     profile: str | None = None,
+    profile_idle: str | None = None,
 ) -> dict:
     """Cycles until nothing more fits, then until preemptions settle, then idle ones; a yardstick
     sample is appended to ``yardstick`` between the placing cycles and the rest."""
@@ -459,10 +474,17 @@ def run(
         f"{len(telling)} cycles telling {report.pending} waiting jobs why: median {statistics.median(telling):.1f} ms"
     )
     idle = []
+    profiler = cProfile.Profile() if profile_idle else None
     for _ in range(5):
         started = time.perf_counter()
+        if profiler:
+            profiler.enable()
         report = run_cycle(cache, pipelined=pipelined)
+        if profiler:
+            profiler.disable()
         idle.append((time.perf_counter() - started) * 1000)
+    if profiler:
+        profiler.dump_stats(profile_idle)
     say(f"no-capacity cycles: {[round(x, 1) for x in idle]} ms, {report.pending} pending")
     return {
         "placed": placed,

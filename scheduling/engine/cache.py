@@ -120,6 +120,10 @@ class SchedulerCache:
         # class shape → (snapshot, its version, Status, effects): a verdict holds while the
         # snapshot, the reservations ahead of it and the running jobs do (decide.py)
         self.verdicts: dict[Shape, tuple[Snapshot, tuple[int, int, int], Status, list[Any]]] = {}
+        # (snapshot, what it rested on, Decided, until when) of the last cycle in which every
+        # class kept its verdict and nothing was placed: returned whole while nothing changes
+        # (decide.py)
+        self.idle_cycle: tuple[Snapshot, tuple[Any, ...], Any, float] | None = None
         self.seen_events: set[int] = set()  # event ids already applied, within the re-read window
         self.seen_node_events: set[int] = set()
         self.usable_clusters: set[int] = set()

@@ -38,8 +38,10 @@ class PendingQueue:
     def __init__(self) -> None:
         self.classes: dict[Shape, JobClass] = {}
         self.jobs: dict[int, JobView] = {}
+        self.version = 0  # moves with every change to what is pending (decide keeps idle cycles by it)
 
     def load(self, jobs: Iterable[JobView]) -> None:
+        self.version += 1
         grouped: dict[Shape, list[tuple[tuple[int, float, int], JobView]]] = {}
         for job in jobs:
             self.jobs[job.id] = job
@@ -54,6 +56,7 @@ class PendingQueue:
             if old == job:
                 return
             self.remove(job.id)
+        self.version += 1
         self.jobs[job.id] = job
         cls = self.classes.get(job.shape())
         if cls is None:
@@ -64,6 +67,7 @@ class PendingQueue:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
+        self.version += 1
         cls = self.classes.get(job.shape())
         if cls is None:
             return
@@ -75,6 +79,7 @@ class PendingQueue:
             del self.classes[cls.shape]
 
     def pop_head(self, cls: JobClass) -> JobView:
+        self.version += 1
         _, job = cls.jobs.pop(0)
         self.jobs.pop(job.id, None)
         if not cls.jobs:

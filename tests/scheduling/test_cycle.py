@@ -362,3 +362,33 @@ def test_a_class_mask_kept_between_cycles_sees_a_node_drained_in_between(alice, 
     assert cache.snap is snap, "kept current from events, not rebuilt"
     where = set(Allocation.objects.filter(job=second, active=True).values_list("gpu__node", flat=True))
     assert Job.objects.get(pk=second.pk).state == JobState.SCHEDULED and node.pk not in where
+
+
+def test_a_cycle_that_changed_nothing_is_kept_whole_until_something_changes(alice, queue, fleet):
+    """A cycle in which every class kept its verdict and nothing was placed is returned as it is
+    while nothing changes; new pending work, and GPUs freed, must each end that, or the job that
+    now fits waits for ever."""
+    for _ in fleet:
+        make_job(alice, queue, gpus=7)  # one GPU left on each node
+    cache = SchedulerCache()
+    run_cycle(cache)
+    waiting = [submit(alice, queue, gpus=8) for _ in range(2)]
+    for _ in range(3):
+        report = run_cycle(cache)
+        assert report.placed == 0
+    kept = cache.idle_cycle
+    assert kept is not None
+    run_cycle(cache)
+    assert cache.idle_cycle is kept, "decided again though nothing changed"
+
+    small = submit(alice, queue, gpus=1)
+    assert run_cycle(cache).placed == 1
+    assert Job.objects.get(pk=small.pk).state == JobState.SCHEDULED
+    for _ in range(3):
+        run_cycle(cache)
+    assert cache.idle_cycle is not None
+
+    running = Job.objects.filter(state=JobState.SCHEDULED, gpus_per_node=7).first()
+    cancel_job(running, actor=None)
+    assert run_cycle(cache).placed == 1
+    assert sorted(Job.objects.get(pk=j.pk).state for j in waiting) == [JobState.PENDING, JobState.SCHEDULED]

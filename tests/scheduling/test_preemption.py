@@ -219,3 +219,18 @@ def test_a_nominated_preemptor_is_not_stuck_behind_a_job_of_its_class():
     world.submit(view(2, 4, priority=3))  # same shape as job 1, sorts ahead of it
     world.stop(1000)
     assert len(world.decide(now=NOW + 30).placements) == 1
+
+
+def test_a_cycle_kept_whole_while_victims_drain_ends_when_the_held_gpus_lapse():
+    """Cycles that change nothing are kept whole, also while a preemptor's victims drain; but the
+    GPUs held for it lapse at a time, which only a cycle that is not kept lets happen."""
+    world = one_node((view(1000, 4, priority=-1), NOW - 100, None), (view(1001, 4, priority=5), NOW, None))
+    world.submit(view(1, 4, priority=1, limit=600))
+    assert [d.victims for d in world.decide().preemptions] == [(1000,)]
+    nomination = world.cache.nominated[1]
+    world.decide(now=NOW + 1)
+    kept = world.decide(now=NOW + 2)
+    assert kept.reservations[1] == ((0,), 4, nomination.start)
+    assert world.decide(now=nomination.start + 1) is kept  # still held: it lapses later
+    later = world.decide(now=nomination.until + 1)
+    assert later is not kept and 1 not in world.cache.nominated

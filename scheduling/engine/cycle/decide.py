@@ -108,6 +108,11 @@ def decide(
         weights[project] = max(weights.get(project, 0.0), weight)
     state.data["project_weight"] = weights
     _share_cache(state, cache, snap, profile, now if now is not None else time.time(), policies)
+    start = _idle_mark(cache, snap, profile, queues, policies)
+    idle = cache.idle_cycle
+    if idle is not None and idle[0] is snap and idle[1] == start and state.data["now"] < idle[3]:
+        return idle[2]  # nothing changed since a cycle in which every class kept its verdict
+    reused = True  # every class so far kept its verdict
 
     def key(cls: JobClass) -> tuple[Any, ...]:
         head = cls.head
@@ -118,8 +123,8 @@ def decide(
 
     masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]] = {}
     decisions: list[Placement] = []
-    if cache.nominated:
-        _nominees_first(profile, state, cache, snap, masks, decisions)
+    if cache.nominated and _nominees_first(profile, state, cache, snap, masks, decisions):
+        reused = False
     order = _class_order(profile, state, snap, key)
     for cls in cache.queue:
         order.push(cls)
@@ -142,6 +147,7 @@ def decide(
                 state.data["signature"] = hash((state.data["signature"], job.id))
             blocked.append(Blocked(cls, verdict[2]))
             continue
+        reused = False
         placement, status, tried = _place(profile, state, snap, job, masks)
         if placement is not None:
             status = _reserve(profile, state, snap, placement)
@@ -177,7 +183,7 @@ def decide(
     for _, job in aside:  # back in line, for the next cycle
         cache.queue.upsert(job)
     cycle = state.data.get("backfill")
-    return Decided(
+    decided = Decided(
         decisions,
         blocked,
         preemptions=state.data.get("preemptions", []),
@@ -190,6 +196,39 @@ def decide(
         reserved=cycle.reserved if cycle is not None else 0,
         backfilled=cycle.backfilled if cycle is not None else 0,
     )
+    # A cycle in which every class kept its verdict, placing and preempting nothing, changed
+    # nothing it started from: the next one starting from the same would replay the same
+    # verdicts in the same order, so it is kept whole and returned as it is (a fleet that is
+    # full, or a queue that fits nowhere, costs one comparison a cycle instead of a replay of
+    # every class).
+    still = reused and not decisions and not aside and not decided.preemptions
+    if still and _idle_mark(cache, snap, profile, queues, policies) == start:
+        # GPUs held for a preemptor lapse at a time (a cycle that is not kept lets them go); a
+        # hold whose start has passed is reported from the cycle that was kept.
+        until = min((n.until for n in cache.nominated.values()), default=float("inf"))
+        cache.idle_cycle = (snap, start, decided, until)
+    else:
+        cache.idle_cycle = None
+    return decided
+
+
+def _idle_mark(
+    cache: SchedulerCache, snap: Snapshot, profile: Profile, queues: dict[int, Any], policies: Policies
+) -> tuple[Any, ...]:
+    """What a cycle's verdicts rest on besides the snapshot itself: its changes, the running
+    jobs, what is pending, the quota claims, the GPUs held for preemptors, the queues' settings
+    and the profile."""
+    return (
+        len(snap.changed),
+        cache.runs_version,
+        cache.queue.version,
+        len(cache.claims),
+        len(cache.verdicts),
+        sorted(cache.nominated.items()),
+        id(profile),
+        sorted(queues.items()),
+        sorted(policies.items()),
+    )
 
 
 def _nominees_first(
@@ -199,10 +238,10 @@ def _nominees_first(
     snap: Snapshot,
     masks: dict[Shape, tuple[np.ndarray, np.ndarray, int, int]],
     decisions: list[Placement],
-) -> None:
+) -> bool:
     """Preemptors whose victims have all stopped are placed before the queue is walked: the GPUs
     held for them are theirs, wherever they sort in their class (a classmate ahead of them is
-    kept off those GPUs and would give the class up)."""
+    kept off those GPUs and would give the class up). Returns whether there were any."""
     ready = [
         cache.queue.jobs[job_id]
         for job_id, nomination in cache.nominated.items()
@@ -214,6 +253,7 @@ def _nominees_first(
             continue
         cache.queue.remove(job.id)
         _assume(cache, state, placement, decisions)
+    return bool(ready)
 
 
 def _assume(

@@ -172,10 +172,15 @@ class Backfill:
         cycle = self._cycle(state, snap)
         nomination = state.data["nominated"].get(job.id)
         if nomination is not None:  # a preemptor: its victims' GPUs are held for it, no search
-            cycle.hold(job.id, nomination)
-            names = ", ".join(snap.names[r] for r in nomination.rows[:8])
-            where = f"{snap.cluster_names[nomination.cluster]}: {names}"
-            state.data.setdefault("estimates", {})[job.id] = (nomination.start, where, True)
+
+            def held(state: CycleState) -> None:  # replayed, as a search's effect is
+                self._cycle(state, snap).hold(job.id, nomination)
+                names = ", ".join(snap.names[r] for r in nomination.rows[:8])
+                where = f"{snap.cluster_names[nomination.cluster]}: {names}"
+                state.data.setdefault("estimates", {})[job.id] = (nomination.start, where, True)
+
+            held(state)
+            state.data.setdefault("effects", []).append(held)
             return Status(Code.UNSCHEDULABLE, "", "its preempted victims' GPUs are held for it")
         if cycle.estimated >= self.estimates:
             return OK
