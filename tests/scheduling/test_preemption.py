@@ -234,3 +234,22 @@ def test_a_cycle_kept_whole_while_victims_drain_ends_when_the_held_gpus_lapse():
     assert world.decide(now=nomination.start + 1) is kept  # still held: it lapses later
     later = world.decide(now=nomination.until + 1)
     assert later is not kept and 1 not in world.cache.nominated
+
+
+def test_a_lapsed_hold_is_not_brought_back_by_a_kept_verdict():
+    """A preemptor whose victim never stops loses its hold when it lapses; its class's kept
+    verdict must not hold the GPUs for it again, cycle after cycle (it gets a reservation like
+    any blocked job instead)."""
+    world = one_node((view(1000, 4), NOW - 100, None))
+    world.submit(view(1, 8, priority=1, limit=600))
+    assert [d.victims for d in world.decide().preemptions] == [(1000,)]
+    until = world.cache.nominated[1].until
+    for now in (NOW + 31, NOW + 32, until - 1):
+        (blocked,) = world.decide(now=now).blocked
+        assert "GPUs are held for it" in blocked.status.message
+    world.decide(now=until + 1)  # the hold lapses in this cycle
+    assert 1 not in world.cache.nominated
+    for now in (until + 2, until + 3):
+        (blocked,) = world.decide(now=now).blocked
+        assert "GPUs are held for it" not in blocked.status.message, blocked.status.message
+        assert "a reservation holds its start" in blocked.status.message

@@ -174,6 +174,8 @@ class Backfill:
         if nomination is not None:  # a preemptor: its victims' GPUs are held for it, no search
 
             def held(state: CycleState) -> None:  # replayed, as a search's effect is
+                if state.data["nominated"].get(job.id) is not nomination:
+                    return  # the hold lapsed (``nominate``) or was made anew
                 self._cycle(state, snap).hold(job.id, nomination)
                 names = ", ".join(snap.names[r] for r in nomination.rows[:8])
                 where = f"{snap.cluster_names[nomination.cluster]}: {names}"
@@ -272,6 +274,8 @@ class _Cycle:
         for job_id, nomination in list(nominated.items()):
             if nomination.until < self.now:
                 del nominated[job_id]
+                # GPUs no longer held: kept verdicts that counted on the hold no longer stand
+                self.state.data["runs_version_bump"]()
                 continue
             self.hold(job_id, nomination)
             self.nominations += 1
