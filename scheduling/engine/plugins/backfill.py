@@ -172,14 +172,14 @@ class Backfill:
         cycle = self._cycle(state, snap)
         nomination = state.data["nominated"].get(job.id)
         if nomination is not None:  # a preemptor: its victims' GPUs are held for it, no search
+            names = ", ".join(snap.names[r] for r in nomination.rows[:8])
+            estimate = (nomination.start, f"{snap.cluster_names[nomination.cluster]}: {names}", True)
 
             def held(state: CycleState) -> None:  # replayed, as a search's effect is
                 if state.data["nominated"].get(job.id) is not nomination:
                     return  # the hold lapsed (``nominate``) or was made anew
                 self._cycle(state, snap).hold(job.id, nomination)
-                names = ", ".join(snap.names[r] for r in nomination.rows[:8])
-                where = f"{snap.cluster_names[nomination.cluster]}: {names}"
-                state.data.setdefault("estimates", {})[job.id] = (nomination.start, where, True)
+                state.data.setdefault("estimates", {})[job.id] = estimate
 
             held(state)
             state.data.setdefault("effects", []).append(held)
