@@ -53,6 +53,19 @@ async def close_consumer_connections():
     await database_sync_to_async(connections.close_all)()
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """Each test runs on an event loop of its own; a channel layer (and so a hub) made on an
+    earlier test's loop may hold asyncio locks bound to that loop (channels-redis keeps one per
+    channel while a receive cleans up), and the next test's receive would fail on them. A
+    server process has one loop for its life, so this is the tests' own concern."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 @pytest.fixture
 def world(db):
     alice, bob = make_user("alice"), make_user("bob")
