@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connection
+from django.db.models import BooleanField, Q
+from django.db.models.expressions import RawSQL
 
 NULL = "\\N"  # NULL in COPY's text format
 TRUE = "t"
@@ -25,6 +27,20 @@ def pg_array(values: Iterable[Any]) -> str:
     (``%s::bigint[]``): far cheaper than adapting tens of thousands of values one by one. None
     is SQL's NULL."""
     return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+
+
+def ids_among(model: Any, field: str, ids: Iterable[int]) -> Any:
+    """A filter ``field IN ids`` for a long list of integer ids. PostgreSQL gets one array
+    parameter (``= ANY``): an IN list binds and plans every id on its own, which for 10,000 ids
+    costs 50–100 ms against 8. SQLite gets ``__in``."""
+    if not is_postgresql():
+        return Q(**{f"{field}__in": list(ids)})
+    column = model._meta.get_field(field).column
+    return RawSQL(
+        f'"{model._meta.db_table}"."{column}" = ANY(%s::bigint[])',
+        [pg_array(ids)],
+        output_field=BooleanField(),
+    )
 
 
 def pg_text_array(values: Iterable[str]) -> str:

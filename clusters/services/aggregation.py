@@ -48,7 +48,7 @@ from clusters.models import GpuDevice, MetricPoint, Node, NodeEvent, NodeLastSee
 from clusters.services.hearing import record_flush
 from clusters.services.lifecycle import fresh_bound
 from foundation.performance import collector_paused
-from foundation.sql import is_postgresql, pg_array, pg_text_array
+from foundation.sql import ids_among, is_postgresql, pg_array, pg_text_array
 
 log = logging.getLogger(__name__)
 _CATALOG_TTL_S = 30.0
@@ -239,7 +239,7 @@ def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], tupl
     # every node, would otherwise read every GPU of the fleet into Python to change nothing).
     bad_nodes = {node_id for node_id, _ in unhealthy}
     current = (
-        GpuDevice.objects.filter(node_id__in=node_ids)
+        GpuDevice.objects.filter(ids_among(GpuDevice, "node", node_ids))
         .filter(~Q(health=GpuHealth.HEALTHY) | Q(node_id__in=bad_nodes))
         .values_list("pk", "node_id", "index", "health", "health_reason")
     )

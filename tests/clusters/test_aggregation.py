@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -288,3 +289,40 @@ def test_averages_follow_the_alpha_setting(fleet, sync_path, settings):
         get_buffer().put([reading(node, seq, start + 60 * seq, util)])
         sync_telemetry()
     assert averages(node)[0] == pytest.approx(90.0)
+
+
+def test_a_fleet_wide_reboot_rewrites_node_rows_in_place():
+    """Every node rebooting rewrites every Node row in one statement. With half of each page
+    kept free the new versions fit beside the old ones (HOT) instead of going through every
+    index of the table; with the former 20 % about three rows in four did not fit (117 of 400
+    in place)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("page layout is PostgreSQL's")
+    cluster = make_cluster("sim-reboot")
+    nodes = Node.objects.bulk_create(
+        Node(
+            cluster=cluster,
+            name=f"r{i:04d}",
+            boot_id=str(uuid.uuid4()),  # what agents report: the kernel's boot id
+            agent_version="0.1",
+            gpu_capacity=0,
+            cpu_millicores_capacity=64_000,
+            cpu_millicores_allocatable=64_000,
+            memory_bytes_capacity=2**39,
+            memory_bytes_allocatable=2**39,
+        )
+        for i in range(400)
+    )
+
+    def node_updates() -> tuple[int, int]:  # (rows updated, of them in place) in this transaction
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'clusters_node'"
+            )
+            return cursor.fetchone()
+
+    before = node_updates()
+    get_buffer().put([record(n, 1, boot=str(uuid.uuid4()), agent="0.2") for n in nodes])
+    assert flush_heartbeats().changed == len(nodes)
+    after = node_updates()
+    assert (after[0] - before[0], after[1] - before[1]) == (len(nodes), len(nodes))
