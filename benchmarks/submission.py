@@ -403,6 +403,8 @@ def profile(args) -> None:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
         print(out.getvalue(), file=sys.stderr)
+        if args.profile_out:
+            profiler.dump_stats(args.profile_out)
     finally:
         drop_database(admin, db_name)
         shutil.rmtree(env["ORRERY_DATA_DIR"], ignore_errors=True)
@@ -418,6 +420,7 @@ def main() -> None:
     parser.add_argument("--slurm-nodes", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="profile N submissions in-process instead")
     parser.add_argument("--profile-batch", action="store_true", help="profile batch requests (--batch each)")
+    parser.add_argument("--profile-out", help="with --profile: also write the raw cProfile to this path")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()

@@ -220,7 +220,9 @@ class JobPlacement:
 def job_placement(job: Job) -> JobPlacement | None:
     """The placement of ``job``'s latest attempt, None before its first. Reads what
     ``jobs_with_placement`` prefetched; on a job without it, fetches it (two queries)."""
-    prefetch_related_objects([job], _placement_prefetch())
+    if "attempts" not in getattr(job, "_prefetched_objects_cache", {}):
+        # Building the Prefetch is four querysets: a 500-job answer paid 30 ms for nothing.
+        prefetch_related_objects([job], _placement_prefetch())
     attempts = list(job.attempts.all())  # ordered by number
     if not attempts:
         return None

@@ -26,6 +26,7 @@ from foundation import audit
 from foundation.choices import AuditAction
 from foundation.live import publish_on_commit
 from foundation.sealing import seal
+from foundation.sql import copy_create
 from scheduling.choices import (
     ACTIVE_STATES,
     WAITING_STATES,
@@ -142,21 +143,25 @@ def submit_jobs(
     try:
         with transaction.atomic():
             _check_waiting_caps(requests, actor)
-            jobs = Job.objects.bulk_create(
+            jobs = copy_create(
+                Job,
                 [
                     _new_job(r, actor=actor, key=key, digest=d, sealed=sealed)
                     for r, key, d in zip(requests, keys, digests, strict=True)
-                ]
+                ],
             )
-            JobEvent.objects.bulk_create(
-                JobEvent(
-                    job=job,
-                    kind=EventKind.SUBMITTED,
-                    to_state=JobState.PENDING,
-                    actor=actor,
-                    message=f"submitted to {job.queue}",
-                )
-                for job in jobs
+            copy_create(
+                JobEvent,
+                [
+                    JobEvent(
+                        job=job,
+                        kind=EventKind.SUBMITTED,
+                        to_state=JobState.PENDING,
+                        actor=actor,
+                        message=f"submitted to {job.queue}",
+                    )
+                    for job in jobs
+                ],
             )
             arrays.number(jobs, requests)
             dependencies.attach(jobs, requests, actor)

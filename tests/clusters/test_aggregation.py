@@ -317,7 +317,8 @@ def test_a_fleet_wide_reboot_rewrites_node_rows_in_place():
     def node_updates() -> tuple[int, int]:  # (rows updated, of them in place) in this transaction
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'clusters_node'"
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+                "WHERE relname = 'clusters_node'"
             )
             return cursor.fetchone()
 

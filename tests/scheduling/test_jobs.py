@@ -9,6 +9,7 @@ from clusters.choices import NodeState
 from clusters.services.nodes import drain_node
 from scheduling.choices import EventKind, JobState, PendingReason
 from scheduling.models import Allocation, Job, JobEvent
+from scheduling.services import jobs as jobs_service
 from scheduling.services.allocations import NodePlacement, PlacementRefused, bind_job
 from scheduling.services.jobs import (
     IdempotencyConflict,
@@ -19,6 +20,7 @@ from scheduling.services.jobs import (
     release_job,
     requeue_job,
     submit_job,
+    submit_jobs,
 )
 from scheduling.services.transitions import InvalidTransition, transition_job
 from tests.factories import gpu_model, make_job, make_node
@@ -138,3 +140,46 @@ def test_draining_node_becomes_drained_when_its_last_job_ends(alice, queue, node
     transition_job(job.pk, JobState.SUCCEEDED, exit_code=0)
     node.refresh_from_db()
     assert node.state == NodeState.DRAINED
+
+
+def test_a_large_batch_is_stored_as_one_job_at_a_time_would_be(alice, queue):
+    """Batches of many jobs are written with COPY, a single job with INSERT: the rows, their
+    order and their history must not tell which."""
+    labels = {"team": "vision", "tab": "a\tb", "quote": 'say "hi"\\', "nested": {"list": [1, None, True]}}
+    many = [request(queue, name=f"sweep-{i}", labels=labels, priority=i) for i in range(40)]
+    jobs, created = submit_jobs(many, actor=alice, idempotency_key="big", batch=True)
+    single, _ = submit_job(request(queue, name="sweep-0", labels=labels), actor=alice)
+    assert created and len(jobs) == 40
+    assert [j.pk for j in jobs] == sorted(j.pk for j in jobs) and single.pk > jobs[-1].pk
+    stored = {j.pk: j for j in Job.objects.filter(owner=alice)}
+    assert [stored[j.pk].name for j in jobs] == [f"sweep-{i}" for i in range(40)]
+    assert [stored[j.pk].idempotency_key for j in jobs] == [f"big#{i}" for i in range(40)]
+    skip = {"id", "name", "priority", "idempotency_key", "request_digest", "submitted_at"}
+    columns = [f.attname for f in Job._meta.concrete_fields if f.attname not in skip]
+    copied, inserted = stored[jobs[0].pk], stored[single.pk]
+    assert {c: getattr(copied, c) for c in columns} == {c: getattr(inserted, c) for c in columns}
+    assert copied.labels == labels and copied.submitted_at is not None
+    assert copied.submitted_at <= inserted.submitted_at
+    events = JobEvent.objects.filter(job__owner=alice).order_by("id")
+    assert [(e.job_id, e.kind, e.actor_id) for e in events] == [
+        (j.pk, EventKind.SUBMITTED, alice.pk) for j in [*jobs, single]
+    ]
+    assert all(not j._state.adding for j in jobs)
+
+
+def test_a_concurrent_retry_of_a_large_batch_answers_with_the_first_jobs(alice, queue, monkeypatch):
+    """Two retries of one batch racing: the second finds no earlier submission, then the unique
+    key refuses its rows (raised through COPY as through INSERT) and it answers with the first's."""
+    many = [request(queue, name=f"sweep-{i}") for i in range(40)]
+    first, _ = submit_jobs(many, actor=alice, idempotency_key="race", batch=True)
+    looked = []
+    earlier = jobs_service._earlier_submission
+
+    def not_yet_committed(*args):
+        looked.append(args[1])
+        return [] if len(looked) == 1 else earlier(*args)
+
+    monkeypatch.setattr(jobs_service, "_earlier_submission", not_yet_committed)
+    again, created = submit_jobs(many, actor=alice, idempotency_key="race", batch=True)
+    assert (created, [j.pk for j in again], len(looked)) == (False, [j.pk for j in first], 2)
+    assert Job.objects.filter(owner=alice).count() == 40
