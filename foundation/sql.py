@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection, connections, models
 from django.db.models import BooleanField, Model, Q
 from django.db.models.expressions import RawSQL
 
@@ -85,8 +85,11 @@ def copy_create(model: type[Model], objs: list[Model]) -> list[Model]:
     out), then every row is streamed with its values dumped by the driver. Django's
     ``bulk_create`` binds each value into a parameter array in Python, which for a 500-job batch
     cost more than the rest of the insert. Values are prepared as ``bulk_create`` prepares them
-    (``pre_save`` fills ``auto_now_add``, ``get_db_prep_save`` JSON); a constraint violation
-    raises Django's ``IntegrityError``. Few rows, and SQLite, go through ``bulk_create``."""
+    (``pre_save`` fills ``auto_now_add``, ``get_db_prep_save`` JSON), except those of plain
+    columns (``_PLAIN``: text, integers, booleans, floats, integer keys), whose preparation
+    changes nothing the text stream would not: they go to the driver as they are. A constraint
+    violation raises Django's ``IntegrityError``. Few rows, and SQLite, go through
+    ``bulk_create``."""
     if len(objs) < COPY_FROM_ROWS or not is_postgresql():
         return model.objects.bulk_create(objs)
     meta, quote = model._meta, connection.ops.quote_name
@@ -105,11 +108,40 @@ def copy_create(model: type[Model], objs: list[Model]) -> list[Model]:
             connection.wrap_database_errors,
             cursor.cursor.copy(f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN") as copy,
         ):
+            plain = [_is_plain(f) for f in fields]
             for obj in objs:
-                copy.write_row([f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields])
+                values = obj.__dict__
+                copy.write_row(
+                    [
+                        values[f.attname] if bare else f.get_db_prep_save(f.pre_save(obj, True), db)
+                        for f, bare in zip(fields, plain, strict=True)
+                    ]
+                )
     for obj in objs:
         obj._state.adding, obj._state.db = False, connection.alias
     return objs
+
+
+# Field classes (exactly these, not subclasses, which may convert) whose values reach COPY's
+# text as they are: Django's preparation of them is the identity or a cast PostgreSQL makes too.
+_PLAIN = {
+    models.CharField,
+    models.TextField,
+    models.IntegerField,
+    models.BigIntegerField,
+    models.SmallIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveBigIntegerField,
+    models.PositiveSmallIntegerField,
+    models.BooleanField,
+    models.FloatField,
+}
+
+
+def _is_plain(field: models.Field) -> bool:
+    if field.many_to_one:  # a key: plain when what it points at is an integer key
+        return isinstance(field.target_field, models.AutoField | models.BigAutoField | models.SmallAutoField)
+    return type(field) in _PLAIN
 
 
 def _sqlite_value(value: Any) -> Any:
