@@ -239,7 +239,7 @@ def _write_gpu_health(node_ids: list[int], unhealthy: dict[tuple[int, int], tupl
     # every node, would otherwise read every GPU of the fleet into Python to change nothing).
     bad_nodes = {node_id for node_id, _ in unhealthy}
     current = (
-        GpuDevice.objects.filter(ids_among(GpuDevice, "node", node_ids))
+        GpuDevice.objects.filter(ids_among("node_id", node_ids))
         .filter(~Q(health=GpuHealth.HEALTHY) | Q(node_id__in=bad_nodes))
         .values_list("pk", "node_id", "index", "health", "health_reason")
     )

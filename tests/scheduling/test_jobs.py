@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.db import IntegrityError
+from django.utils import timezone
 
 from clusters.choices import NodeState
 from clusters.services.nodes import drain_node
+from foundation.sql import COPY_FROM_ROWS
 from scheduling.choices import EventKind, JobState, PendingReason
 from scheduling.models import Allocation, Job, JobEvent
 from scheduling.services import jobs as jobs_service
@@ -147,23 +149,29 @@ def test_a_large_batch_is_stored_as_one_job_at_a_time_would_be(alice, queue):
     order and their history must not tell which."""
     labels = {"team": "vision", "tab": "a\tb", "quote": 'say "hi"\\', "nested": {"list": [1, None, True]}}
     many = [request(queue, name=f"sweep-{i}", labels=labels, priority=i) for i in range(40)]
+    many[1] = request(queue, name="sweep-1", labels=labels, priority=1.0)  # Django's int() makes it 1
+    assert len(many) >= COPY_FROM_ROWS  # the batch goes through COPY
+    before = timezone.now()
     jobs, created = submit_jobs(many, actor=alice, idempotency_key="big", batch=True)
     single, _ = submit_job(request(queue, name="sweep-0", labels=labels), actor=alice)
     assert created and len(jobs) == 40
     assert [j.pk for j in jobs] == sorted(j.pk for j in jobs) and single.pk > jobs[-1].pk
     stored = {j.pk: j for j in Job.objects.filter(owner=alice)}
     assert [stored[j.pk].name for j in jobs] == [f"sweep-{i}" for i in range(40)]
+    assert [stored[j.pk].priority for j in jobs] == list(range(40))
     assert [stored[j.pk].idempotency_key for j in jobs] == [f"big#{i}" for i in range(40)]
     skip = {"id", "name", "priority", "idempotency_key", "request_digest", "submitted_at"}
     columns = [f.attname for f in Job._meta.concrete_fields if f.attname not in skip]
     copied, inserted = stored[jobs[0].pk], stored[single.pk]
     assert {c: getattr(copied, c) for c in columns} == {c: getattr(inserted, c) for c in columns}
-    assert copied.labels == labels and copied.submitted_at is not None
-    assert copied.submitted_at <= inserted.submitted_at
+    assert copied.labels == labels
+    assert before <= copied.submitted_at <= inserted.submitted_at <= timezone.now()
     events = JobEvent.objects.filter(job__owner=alice).order_by("id")
-    assert [(e.job_id, e.kind, e.actor_id) for e in events] == [
-        (j.pk, EventKind.SUBMITTED, alice.pk) for j in [*jobs, single]
+    assert [(e.job_id, e.kind, e.to_state, e.actor_id, e.message) for e in events] == [
+        (j.pk, EventKind.SUBMITTED, JobState.PENDING, alice.pk, f"submitted to {queue}")
+        for j in [*jobs, single]
     ]
+    assert all(before <= e.at <= timezone.now() for e in events)
     assert all(not j._state.adding for j in jobs)
 
 
@@ -171,6 +179,7 @@ def test_a_concurrent_retry_of_a_large_batch_answers_with_the_first_jobs(alice, 
     """Two retries of one batch racing: the second finds no earlier submission, then the unique
     key refuses its rows (raised through COPY as through INSERT) and it answers with the first's."""
     many = [request(queue, name=f"sweep-{i}") for i in range(40)]
+    assert len(many) >= COPY_FROM_ROWS  # the batch goes through COPY
     first, _ = submit_jobs(many, actor=alice, idempotency_key="race", batch=True)
     looked = []
     earlier = jobs_service._earlier_submission

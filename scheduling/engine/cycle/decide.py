@@ -429,20 +429,41 @@ def node_mask(profile: Profile, state: CycleState, snap: Snapshot, job: JobView)
     else:
         _, mask, seen = kept
         if seen < len(snap.changed):
-            rows = _distinct(snap.changed[seen:])
+            rows = _distinct(_tail(state, "snapshot", snap.changed, seen))
             mask[rows] = _passing(node_filters, state, snap, job, rows)
     store[shape] = (profile, mask, len(snap.changed))
     return mask
 
 
-def _distinct(rows: list[int]) -> np.ndarray:
-    """The distinct rows of a change log's stretch, ascending. Sorted and compared with the
-    neighbour: 3–4× faster than ``np.unique`` (which hashes) on the hundreds of rows a class
-    finds changed since it last came up, and this runs about once a placement."""
-    out = np.asarray(rows, dtype=np.int64)
-    if len(out) < 2:
-        return out
-    out.sort()
+def _tail(state: CycleState, name: str, log: list[int], start: int) -> np.ndarray:
+    """``log[start:]`` as an array (a view: never write it). A change log only grows, and every
+    class reads its own tail of it about once a placement; converting that tail from Python
+    each time cost more than the check it feeds. Entries are converted once a cycle, into a
+    buffer kept in the cycle's state under ``name`` that covers the log from the earliest start
+    asked (a new log object, or an earlier start, makes a new buffer)."""
+    key = f"log:{name}"
+    kept = state.data.get(key)
+    if kept is None or kept[0] is not log or start < kept[2]:
+        kept = (log, np.empty(max(256, 2 * (len(log) - start)), dtype=np.int64), start, start)
+    _, buffer, base, filled = kept
+    if filled < len(log):
+        if len(log) - base > len(buffer):
+            grown = np.empty(2 * (len(log) - base), dtype=np.int64)
+            grown[: filled - base] = buffer[: filled - base]
+            buffer = grown
+        buffer[filled - base : len(log) - base] = log[filled:]
+        filled = len(log)
+    state.data[key] = (log, buffer, base, filled)
+    return buffer[start - base : filled - base]
+
+
+def _distinct(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of a change log's stretch, ascending (a new array). Sorted and compared
+    with the neighbour: 3–4× faster than ``np.unique`` (which hashes) on the hundreds of rows a
+    class finds changed since it last came up, and this runs about once a placement."""
+    if len(rows) < 2:
+        return rows.copy()
+    out = np.sort(rows)
     keep = np.empty(len(out), dtype=bool)
     keep[0] = True
     np.not_equal(out[1:], out[:-1], out=keep[1:])
@@ -506,7 +527,14 @@ def _class_mask(
     else:
         mask, static, seen, seen_extra = cached
         if capacity and (seen < len(snap.changed) or seen_extra < len(extra)):
-            rows = _distinct(snap.changed[seen:] + extra[seen_extra:])
+            rows = _distinct(
+                np.concatenate(
+                    (
+                        _tail(state, "snapshot", snap.changed, seen),
+                        _tail(state, "reserved", extra, seen_extra),
+                    )
+                )
+            )
             rows = rows[static[rows]]
             if len(rows):
                 mask[rows] = _passing(capacity, state, snap, job, rows)
