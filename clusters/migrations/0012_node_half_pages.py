@@ -1,10 +1,11 @@
 """Half of every node page kept free: a full-fleet rewrite of the Node rows (a reboot storm, an
 agent upgrade, the minute's telemetry copy) then updates every row in place (HOT), where 20 %
 free space held new versions of about a quarter of a page's rows and sent the rest through
-every index. 10,000 nodes: 30 ms instead of 60–80 ms per rewrite, for 1.5 MiB more table.
+every index. 10,000 nodes: 30 ms instead of 60–82 ms per rewrite, for 1.5 MiB more table.
 
-Pages already written keep their layout until rewritten (``VACUUM FULL clusters_node`` in a
-maintenance window, or over time as rows move); new pages follow the setting."""
+Pages already filled to the former setting stay that full (rows that no longer fit move to new
+pages, which follow the new one); ``VACUUM FULL clusters_node`` in a maintenance window gives
+every page the new layout at once (docs/operations.md, Upgrades)."""
 
 from django.db import migrations
 

@@ -229,3 +229,26 @@ def test_a_retry_at_the_cap_still_returns_the_first_jobs(api, alice, settings):
     first = post_batch(client, documents, HTTP_IDEMPOTENCY_KEY="k")
     again = post_batch(client, documents, HTTP_IDEMPOTENCY_KEY="k")
     assert (first.status_code, again.status_code) == (201, 200)
+
+
+def test_a_large_batch_keeps_copys_own_markers_as_text(api, alice):
+    """A batch of many specs is written with COPY, whose text format gives meaning to a tab, a
+    newline, a backslash, ``\\N`` (NULL) and ``\\.`` (end of data). A client may put all of them
+    in a command or a label: each must be stored as sent, every job made, nothing cut short."""
+    hostile = ["a\tb", "line\nbreak\r", "\\N", "\\.", "\\", "end\\\n\\.\nmore", "zé 🚀 \\t"]
+    specs = [
+        job_spec(
+            metadata__name=f"m{i}",
+            metadata__labels={"note": hostile[i % len(hostile)]},
+            spec__run=f"echo {hostile[i % len(hostile)]}",
+        )
+        for i in range(40)
+    ]
+    response = post_batch(api(alice), specs)
+    assert response.status_code == 201, response.content
+    stored = {j.name: j for j in Job.objects.filter(owner=alice)}
+    assert len(stored) == 40
+    for i in range(40):
+        text = hostile[i % len(hostile)]
+        assert (stored[f"m{i}"].command, stored[f"m{i}"].labels) == (f"echo {text}", {"note": text})
+    assert JobEvent.objects.filter(job__owner=alice).count() == 40
