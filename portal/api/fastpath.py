@@ -33,6 +33,7 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from foundation import audit
+from foundation.sql import is_postgresql
 from portal.api.errors import handle_exception
 from portal.api.fairness import get_slots
 from portal.api.parsers import StrictJsonParser
@@ -48,7 +49,7 @@ from portal.choices import Scope
 from portal.lockout import client_address
 from portal.middleware import DEFAULT_CSP, database_unavailable, render_csp
 from portal.models import ApiToken
-from portal.services.tokens import _LAST_USED_RESOLUTION_S, TOKEN_PREFIX, digest
+from portal.services.tokens import _LAST_USED_RESOLUTION_S, TOKEN_PREFIX, authenticate_token, digest
 from scheduling.services.jobs import submit_jobs
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -185,6 +186,8 @@ def bearer(header: str) -> ApiToken | None:
     parts = header.split()
     if len(parts) != 2 or not parts[1].isascii() or not parts[1].startswith(TOKEN_PREFIX):
         return None
+    if not is_postgresql():  # the written-out row is PostgreSQL's (SQLite's times come back naive)
+        return authenticate_token(parts[1])
     token_fields, user_fields = _concrete(ApiToken), _concrete(get_user_model())
     now = timezone.now()
     with connection.cursor() as cursor:

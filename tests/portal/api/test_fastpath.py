@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -17,6 +21,7 @@ from tests.portal.api.conftest import FastPathHandler, job_spec
 pytestmark = pytest.mark.usefixtures("fleet", "queue")
 
 JOBS = "/api/v1/jobs"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fast_client(api, user):
@@ -94,3 +99,47 @@ def test_a_submission_is_published_to_its_project_once_committed(
     message = async_to_sync(_received)(layer, channel)
     assert message["event"] == "JobsSubmitted"
     assert (message["data"]["job_ids"], message["data"]["count"]) == ([response.json()["id"]], 1)
+
+
+SQLITE_SCRIPT = r"""
+import io, json
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth import get_user_model
+from portal.services.demo import seed_demo
+from portal.services.tokens import issue_token
+from portal.wsgi import application
+seed_demo()
+_, token = issue_token(get_user_model().objects.get(username="alice"), name="t", scopes=["read", "submit"])
+spec = {"apiVersion": "orrery/v1", "kind": "Job", "metadata": {"name": "t", "project": "vision"},
+        "spec": {"queue": "default", "resources": {"gpus": 0, "cpus": 1}, "timeLimit": "1h", "run": "true"}}
+statuses = []
+for kind, body in (("", spec), ("/batch", {"jobs": [spec, spec]}), ("", spec)):
+    payload = json.dumps(body).encode()
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/jobs" + kind, "QUERY_STRING": "",
+               "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(payload)),
+               "HTTP_AUTHORIZATION": f"Bearer {token}", "HTTP_HOST": "127.0.0.1", "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": "8000", "REMOTE_ADDR": "127.0.0.1", "wsgi.input": io.BytesIO(payload),
+               "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO()}
+    application(environ, lambda status, headers, exc_info=None: statuses.append(int(status.split()[0])))
+print(json.dumps(statuses))
+"""
+
+
+def test_the_fast_path_answers_on_the_embedded_default_too(tmp_path):
+    """On SQLite (``make demo``'s database behind the WSGI entry point) a token already used is
+    read as the views read it: SQLite hands times back without a zone, which the written-out
+    PostgreSQL read compared with an aware clock (a 500 from the second submission on)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL"} and not k.startswith("ORRERY")
+    }
+    env |= {"ORRERY_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", SQLITE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [201, 201, 201]
