@@ -60,6 +60,7 @@ from portal.api.serializers import (
     PosixAccountSerializer,
     TokenRequestSerializer,
     TokenSerializer,
+    job_rows,
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
 from portal.choices import Role, Scope
@@ -174,11 +175,11 @@ class JobListView(GenericAPIView):
             raise InputError([("query.arrays", "must be expand or summary")])
         if mode == "expand":
             page = self.paginate_queryset(self.get_queryset())
-            return self.get_paginated_response(JobSerializer(page, many=True).data)
+            return self.get_paginated_response(job_rows(page))
         filtered = self._filtered()
         page = self.paginate_queryset(jobs_with_placement(collapse_waiting_members(filtered)))
         context = {"array_rows": array_rows(filtered, page)}
-        return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
+        return self.get_paginated_response(job_rows(page, context))
 
     @extend_schema(
         request={"application/json": JOB_SPEC_SCHEMA, "application/yaml": JOB_SPEC_SCHEMA},
@@ -308,7 +309,7 @@ def submitted_batch(jobs: list[Job], created: bool, requests: list[JobRequest]) 
             job._prefetched_objects_cache = {"attempts": []}
     else:
         jobs = list(jobs_by_id(j.pk for j in jobs))
-    rows = JobSerializer(jobs, many=True).data
+    rows = job_rows(jobs)
     return {"count": len(rows), "jobs": rows}
 
 

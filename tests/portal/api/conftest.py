@@ -51,6 +51,7 @@ SUBMITTING = {
     "test_jobs_batch",
     "test_jobs_dependency",
     "test_jobs_fine_grained",
+    "test_job_rows",
     "test_jobs_submit",
     "test_parsers",
     "test_policy",
