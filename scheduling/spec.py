@@ -297,7 +297,10 @@ def path_key(key: Any) -> str:
 def text_errors(document: Any, path: str = "") -> list[tuple[str, str]]:
     """Every string of the document, keys included, that holds NUL or a lone surrogate, with its
     path, in document order. Each list or mapping is visited once (YAML aliases share them), at
-    most 64 deep."""
+    most 64 deep. Text without fault, nearly all, is walked once without building paths; a
+    document with a fault is walked again to name where."""
+    if _clean_text(document):
+        return []
     errors: list[tuple[str, str]] = []
     visited: set[int] = set()
     stack: list[tuple[Any, Any, str, int]] = [(None, document, path, 0)]
@@ -321,6 +324,36 @@ def text_errors(document: Any, path: str = "") -> list[tuple[str, str]]:
                 children = [(None, item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
             stack.extend(reversed(children))
     return errors
+
+
+def _clean_text(document: Any) -> bool:
+    """Whether ``text_errors`` would find nothing: its walk without the paths (strings are
+    judged where they are met, ASCII without NUL at once)."""
+    visited: set[int] = set()
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value or (not value.isascii() and text_problem(value)):
+                return False
+            continue
+        if not isinstance(value, dict | list) or id(value) in visited or depth >= 64:
+            continue
+        visited.add(id(value))
+        if isinstance(value, dict):
+            for key in value:
+                if isinstance(key, str) and ("\x00" in key or (not key.isascii() and text_problem(key))):
+                    return False
+            items = value.values()
+        else:
+            items = value
+        for item in items:
+            if isinstance(item, str):
+                if "\x00" in item or (not item.isascii() and text_problem(item)):
+                    return False
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+    return True
 
 
 def ascii_integer(text: str) -> int | None:

@@ -15,7 +15,9 @@ import yaml
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 
 from portal.api import parsers
+from portal.api.parsers import BodyRefused, _Refused, check_document
 from scheduling.models import Job
+from scheduling.spec import text_errors
 from tests.portal.api.conftest import error_paths, job_spec
 
 pytestmark = pytest.mark.usefixtures("fleet", "queue")
@@ -235,6 +237,39 @@ def test_a_lone_surrogate_in_a_batch_names_the_spec(api, alice):
     response = post(api(alice), body, "application/json", JOBS + "/batch")
     assert response.status_code == 400, response.content[:300]
     assert error_paths(response) == ["jobs[1].spec.run"]
+
+
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ({"spec__env": {"A": "x\ud800"}}, ("jobs[377].spec.env.A", "must not contain lone surrogates")),
+        (
+            {"metadata__labels": {"t\x00": "x"}},
+            ("jobs[377].metadata.labels.t\\x00", "its name must not contain NUL"),
+        ),
+        ({"spec__retries": float("inf")}, ("jobs[377].spec.retries", "is not a finite number")),
+        (
+            {"spec__retries": _Refused("is a number of more than 4300 digits")},
+            ("jobs[377].spec.retries", "is a number"),
+        ),
+    ],
+    ids=["surrogate", "nul-key", "infinite", "long-number"],
+)
+def test_one_fault_deep_in_a_large_document_is_named(fault, error):
+    """A clean document is checked without building paths; the one fault among 500 specs is
+    still found, and named, by the body's check and by the spec reader's alike."""
+    specs = [job_spec(metadata__name=f"j{i}") for i in range(500)]
+    check_document({"jobs": specs})
+    assert text_errors({"jobs": specs}) == []
+    specs[377] = job_spec(metadata__name="j377", **fault)
+    with pytest.raises(BodyRefused) as refused:
+        check_document({"jobs": specs})
+    [(path, message)] = refused.value.errors
+    assert (path, message[: len(error[1])]) == error
+    if isinstance(fault.get("spec__retries"), float | _Refused):
+        return  # not text: the spec reader's business is only text
+    [(path, message)] = text_errors({"jobs": specs})
+    assert (path, message[: len(error[1])]) == error
 
 
 def test_a_lone_surrogate_in_another_endpoint_is_a_400(api, alice):
