@@ -7,10 +7,10 @@ Callers branch on ``is_postgresql()`` only where the SQL itself differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.db import connection, connections, models
+from django.db import connection, connections, models, router
 from django.db.models import Model, Q
 from django.db.models.expressions import RawSQL
 
@@ -126,6 +126,47 @@ def copy_create(model: type[Model], objs: list[Model]) -> list[Model]:
     for obj in objs:
         obj._state.adding, obj._state.db = False, connection.alias
     return objs
+
+
+def new_instances(model: type[Model], rows: Iterable[Mapping[str, Any]]) -> list[Model]:
+    """``[model(**row) for row in rows]``, made positionally as Django makes the instances it
+    reads (``Model(*values)``): a third of the time of keyword arguments, which a 500-job batch
+    paid twice (its jobs and their events). A row names fields by attribute (``queue_id``) or a
+    relation by name with its object (``queue``: its key is taken and the object cached, and the
+    instance's database set, as the keyword would). Fields a row leaves out get their defaults, a
+    callable one called per row. Values are not checked: rows come from code, not clients."""
+    meta = model._meta
+    fields = list(meta.concrete_fields)
+    relations = {f.name: f for f in fields if f.is_relation}
+    called = {f.attname for f in fields if f.has_default() and callable(f.default)}
+    constant = {f.attname: f.get_default() for f in fields if f.attname not in called}
+    by_attname = {f.attname: f for f in fields}
+    made = []
+    for row in rows:
+        related = [(relations[name], value) for name, value in row.items() if name in relations]
+        given = dict(row)
+        for field, value in related:
+            del given[field.name]
+            given[field.attname] = None if value is None else getattr(value, field.target_field.attname)
+        unknown = given.keys() - by_attname.keys()
+        if unknown:
+            raise TypeError(f"{model.__name__} has no field {sorted(unknown)[0]!r}")
+        obj = model(
+            *[
+                given[name]
+                if name in given
+                else constant[name]
+                if name in constant
+                else by_attname[name].get_default()
+                for name in by_attname
+            ]
+        )
+        for field, value in related:
+            field.set_cached_value(obj, value)
+            if value is not None and obj._state.db is None:  # as the relation's descriptor does
+                obj._state.db = router.db_for_write(model, instance=value)
+        made.append(obj)
+    return made
 
 
 # Per field class (exactly these, not subclasses, which may convert), the Python types whose

@@ -26,7 +26,7 @@ from foundation import audit
 from foundation.choices import AuditAction
 from foundation.live import publish_on_commit
 from foundation.sealing import seal
-from foundation.sql import copy_create
+from foundation.sql import copy_create, new_instances
 from scheduling.choices import (
     ACTIVE_STATES,
     WAITING_STATES,
@@ -143,26 +143,22 @@ def submit_jobs(
     try:
         with transaction.atomic():
             _check_waiting_caps(requests, actor)
-            jobs = copy_create(
-                Job,
-                [
-                    _new_job(r, actor=actor, key=key, digest=d, sealed=sealed)
-                    for r, key, d in zip(requests, keys, digests, strict=True)
-                ],
-            )
-            copy_create(
-                JobEvent,
-                [
-                    JobEvent(
-                        job=job,
-                        kind=EventKind.SUBMITTED,
-                        to_state=JobState.PENDING,
-                        actor=actor,
-                        message=f"submitted to {job.queue}",
-                    )
-                    for job in jobs
-                ],
-            )
+            rows = [
+                _new_job(r, actor=actor, key=key, digest=d, sealed=sealed)
+                for r, key, d in zip(requests, keys, digests, strict=True)
+            ]
+            jobs = copy_create(Job, new_instances(Job, rows))
+            events = [
+                {
+                    "job": job,
+                    "kind": EventKind.SUBMITTED,
+                    "to_state": JobState.PENDING,
+                    "actor": actor,
+                    "message": f"submitted to {job.queue}",
+                }
+                for job in jobs
+            ]
+            copy_create(JobEvent, new_instances(JobEvent, events))
             arrays.number(jobs, requests)
             dependencies.attach(jobs, requests, actor)
             for message, ids in budgets.reserve(jobs).items():  # jobs the budget admits held
@@ -199,10 +195,11 @@ def submit_jobs(
 
 def _new_job(
     request: JobRequest, *, actor: AbstractBaseUser, key: str | None, digest: str, sealed: dict[int, str]
-) -> Job:
+) -> dict[str, Any]:
+    """The fields of a new job (``new_instances`` makes it)."""
     if request.secret_env and id(request.secret_env) not in sealed:
         sealed[id(request.secret_env)] = seal(request.secret_env)
-    return Job(
+    return dict(
         owner=actor,
         project=request.queue.project,
         queue=request.queue,

@@ -1,0 +1,53 @@
+"""``new_instances`` makes what keyword arguments make: the same field values, the same related
+objects cached, a new row's state, and each callable default called afresh per row."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from clusters.models import GpuModel
+from foundation.sql import new_instances
+from portal.models import Project
+from scheduling.models import Job, JobEvent, Queue
+
+
+def made_alike(made, expected) -> None:
+    assert type(made) is type(expected)
+    fields = {k: v for k, v in made.__dict__.items() if k != "_state"}
+    assert fields == {k: v for k, v in expected.__dict__.items() if k != "_state"}
+    assert list(fields) == [k for k in expected.__dict__ if k != "_state"]
+    assert made._state.fields_cache == expected._state.fields_cache
+    assert (made._state.adding, made._state.db) == (expected._state.adding, expected._state.db)
+    assert made._state.adding
+
+
+def test_jobs_and_events_are_made_as_keywords_make_them():
+    owner = get_user_model()(pk=7, username="alice")
+    project = Project(pk=3, name="vision")
+    queue = Queue(pk=5, name="default", project=project)
+    h100 = GpuModel(pk=2, slug="h100")
+    rows = [
+        {"owner": owner, "project": project, "queue": queue, "gpu_model": h100, "name": "a", "priority": 3},
+        {
+            "owner": owner,
+            "project": project,
+            "queue": queue,
+            "gpu_model": None,
+            "name": "b",
+            "labels": {"x": "1"},
+        },
+        {"owner_id": 7, "project_id": 3, "queue_id": 5, "name": "c", "state": "HELD", "time_limit_s": None},
+    ]
+    jobs = new_instances(Job, rows)
+    for made, row in zip(jobs, rows, strict=True):
+        made_alike(made, Job(**row))
+    assert jobs[0].labels == {} and jobs[0].labels is not jobs[2].labels  # a callable default per row
+    assert jobs[0].queue is queue and jobs[1].gpu_model is None
+    event = {"job": jobs[0], "kind": "SUBMITTED", "to_state": "PENDING", "actor": owner, "message": "m"}
+    made_alike(new_instances(JobEvent, [event])[0], JobEvent(**event))
+
+
+def test_an_unknown_field_is_refused_as_keywords_would():
+    with pytest.raises(TypeError, match="nodez"):
+        new_instances(Job, [{"name": "a", "nodez": 2}])
