@@ -112,14 +112,14 @@ def copy_create(model: type[Model], objs: list[Model]) -> list[Model]:
             connection.wrap_database_errors,
             cursor.cursor.copy(f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN") as copy,
         ):
-            plain = [(f, f.attname, _plain_types(f)) for f in fields]
+            plain = [(f, f.attname, set(_plain_types(f))) for f in fields]
             for obj in objs:
                 values = obj.__dict__
                 copy.write_row(
                     [
                         value
                         if types and ((value := values[attname]) is None or type(value) in types)
-                        else f.get_db_prep_save(f.pre_save(obj, True), db)
+                        else _prepared(f, obj, types, db)
                         for f, attname, types in plain
                     ]
                 )
@@ -167,6 +167,16 @@ def new_instances(model: type[Model], rows: Iterable[Mapping[str, Any]]) -> list
                 obj._state.db = router.db_for_write(model, instance=value)
         made.append(obj)
     return made
+
+
+def _prepared(field: models.Field, obj: Model, types: set[type], db: Any) -> Any:
+    """``field``'s value of ``obj`` prepared as ``bulk_create`` prepares it. A text column's value
+    of a subclass of ``str`` (a choices enum: ``JobState.PENDING``) comes back as it was: its
+    class joins ``types`` and is streamed as it is for the rest of the rows."""
+    value = field.get_db_prep_save(field.pre_save(obj, True), db)
+    if str in types and isinstance(value, str) and value is obj.__dict__[field.attname]:
+        types.add(type(value))
+    return value
 
 
 # Per field class (exactly these, not subclasses, which may convert), the Python types whose

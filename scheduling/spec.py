@@ -35,6 +35,7 @@ a lone surrogate (neither can be stored, nor shown back in an error).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -783,6 +784,26 @@ def parse_priority(value: Any) -> int:
     return value
 
 
+def _text_kept(parser: Any) -> Any:
+    """``parser`` with its answers for short text kept: the specs of a batch mostly repeat their
+    values (``h100:8``, ``256Gi``, ``2h``). Only immutable answers are kept; a refusal is not."""
+    kept = functools.lru_cache(maxsize=1024)(parser)
+
+    def parse(value: Any) -> Any:
+        return kept(value) if type(value) is str and len(value) <= 256 else parser(value)
+
+    return parse
+
+
+_KEPT_PRIORITY = _text_kept(parse_priority)
+_KEPT_DURATION = _text_kept(parse_duration)
+_KEPT_SIM_DURATION = _text_kept(_sim_duration)
+_KEPT_GPUS = _text_kept(parse_gpus)
+_KEPT_CPUS = _text_kept(parse_cpus)
+_KEPT_MEMORY = _text_kept(parse_memory)
+_KEPT_SIGNAL = _text_kept(parse_signal)
+
+
 def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     """Validate and normalise one job document; raise ``SpecError`` listing every problem."""
     c = _Collector()
@@ -829,14 +850,14 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
             c.add(field_path, str(exc))
             values[key] = default
 
-    convert(spec, "priority", f"{p}spec.priority", parse_priority, 0)
-    convert(spec, "timeLimit", f"{p}spec.timeLimit", parse_duration, None)
+    convert(spec, "priority", f"{p}spec.priority", _KEPT_PRIORITY, 0)
+    convert(spec, "timeLimit", f"{p}spec.timeLimit", _KEPT_DURATION, None)
     convert(spec, "array", f"{p}spec.array", parse_array, None)
     resources = c.mapping(spec.get("resources"), f"{p}spec.resources", RESOURCE_FIELDS)
-    convert(resources, "gpus", f"{p}spec.resources.gpus", parse_gpus, GpuRequest(None, 0))
-    convert(resources, "cpus", f"{p}spec.resources.cpus", parse_cpus, 0)
-    convert(resources, "memory", f"{p}spec.resources.memory", parse_memory, 0)
-    convert(resources, "gpuMemory", f"{p}spec.resources.gpuMemory", parse_memory, 0)
+    convert(resources, "gpus", f"{p}spec.resources.gpus", _KEPT_GPUS, GpuRequest(None, 0))
+    convert(resources, "cpus", f"{p}spec.resources.cpus", _KEPT_CPUS, 0)
+    convert(resources, "memory", f"{p}spec.resources.memory", _KEPT_MEMORY, 0)
+    convert(resources, "gpuMemory", f"{p}spec.resources.gpuMemory", _KEPT_MEMORY, 0)
     convert(resources, "gpuShare", f"{p}spec.resources.gpuShare", parse_share, None)
     gpu_memory_mb, gpu_share = _gpu_fraction(c, values, f"{p}spec.resources")
     nodes = c.integer(resources.get("nodes"), f"{p}spec.resources.nodes", default=1, low=1, high=MAX_NODES)
@@ -886,7 +907,7 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
     sim_duration = None
     if sim.get("duration") is not None:
         try:
-            sim_duration = _sim_duration(sim["duration"])
+            sim_duration = _KEPT_SIM_DURATION(sim["duration"])
         except ValueError as exc:
             c.add(f"{p}spec.sim.duration", str(exc))
         if sim_duration is not None and not 0 <= sim_duration <= MAX_SIM_DURATION_S:
@@ -901,8 +922,8 @@ def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
         c.add(f"{p}spec.preemptible", f"must be true or false, not {_kind(preemptible)}")
         preemptible = True
     preemption = c.mapping(spec.get("preemption"), f"{p}spec.preemption", PREEMPTION_FIELDS)
-    convert(preemption, "signal", f"{p}spec.preemption.signal", parse_signal, PREEMPTION_SIGNALS[0])
-    convert(preemption, "grace", f"{p}spec.preemption.grace", parse_duration, None)
+    convert(preemption, "signal", f"{p}spec.preemption.signal", _KEPT_SIGNAL, PREEMPTION_SIGNALS[0])
+    convert(preemption, "grace", f"{p}spec.preemption.grace", _KEPT_DURATION, None)
     convert(spec, "dependency", f"{p}spec.dependency", parse_dependency, ())
     grace = values["grace"]
     if grace is not None and not 0 <= grace <= MAX_PREEMPTION_GRACE_S:

@@ -172,3 +172,13 @@ def test_a_simulated_duration_may_have_a_fraction_of_a_second(duration, seconds)
 @pytest.mark.parametrize("duration", ["0.5m", ".5s", "1.2345s", "1.5"])
 def test_a_fraction_is_for_seconds_only(duration):
     assert [p for p, _ in refusals(spec_with(spec__sim={"duration": duration}))] == ["spec.sim.duration"]
+
+
+def test_values_a_batch_repeats_are_read_once_and_refusals_every_time():
+    from scheduling.spec import _KEPT_DURATION, _KEPT_GPUS, parse_gpus
+
+    assert _KEPT_GPUS("h100:8") == parse_gpus("h100:8") and _KEPT_GPUS("h100:8") is _KEPT_GPUS("h100:8")
+    assert _KEPT_DURATION(90) == 5400  # not text: read as it is, every time
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not a duration"):
+            _KEPT_DURATION("2 fortnights")
