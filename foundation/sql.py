@@ -196,13 +196,21 @@ _PLAIN: dict[type, tuple[type, ...]] = {
 _KEYS = models.AutoField | models.BigAutoField | models.SmallAutoField
 
 
+# Field classes whose preparation turns None into None (NULL), whatever it makes of a value.
+_NULL_AS_IS = (models.DateTimeField, models.DateField, models.UUIDField)
+
+
 def _plain_types(field: models.Field) -> tuple[type, ...]:
     """What ``copy_create`` may stream unprepared for ``field`` (nothing: always prepared). On
     these fields None is streamed unprepared too: Django would write it as NULL."""
-    if field.many_to_one:  # a key: plain when what it points at is an integer key
-        return (int,) if isinstance(field.target_field, _KEYS) else ()
+    if isinstance(field, _KEYS):  # the table's own key, taken from its sequence as an int
+        return (int,)
+    if field.many_to_one:  # a key: plain when what it points at is an integer key; else only None
+        return (int,) if isinstance(field.target_field, _KEYS) else (type(None),)
     if field.auto_created or getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
         return ()
+    if type(field) in _NULL_AS_IS:
+        return (type(None),)
     return _PLAIN.get(type(field), ())
 
 
