@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -227,7 +229,9 @@ def job_rows(jobs: Iterable[Job], context: dict[str, Any] | None = None) -> list
     jobs carry their owner, project and queue (as the views' querysets and a submission's jobs
     do). ``tests/portal/api/test_job_rows.py`` checks every field against the serializer."""
     methods = JobSerializer(context=context or {})
-    when = serializers.DateTimeField().to_representation
+    # The field as the serializer has it, with the current time zone looked up once, not per value.
+    zone = timezone.get_current_timezone() if settings.USE_TZ else None
+    when = serializers.DateTimeField(default_timezone=zone).to_representation
     rows = []
     for job in jobs:
         rows.append(
