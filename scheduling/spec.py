@@ -348,12 +348,16 @@ def _clean_text(document: Any) -> bool:
             items = value.values()
         else:
             items = value
+        nested = []
         for item in items:
             if isinstance(item, str):
                 if "\x00" in item or (not item.isascii() and text_problem(item)):
                     return False
             elif isinstance(item, dict | list):
-                stack.append((item, depth + 1))
+                nested.append((item, depth + 1))
+        # In document order, as ``text_errors`` goes: a list or mapping met twice (YAML aliases)
+        # is then first walked at the same depth by both, so both stop at 64 at the same place.
+        stack.extend(reversed(nested))
     return True
 
 

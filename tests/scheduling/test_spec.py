@@ -182,3 +182,20 @@ def test_values_a_batch_repeats_are_read_once_and_refusals_every_time():
     for _ in range(2):
         with pytest.raises(ValueError, match="not a duration"):
             _KEPT_DURATION("2 fortnights")
+
+
+def test_text_shared_at_two_depths_is_checked_where_the_full_walk_checks_it():
+    """A list met twice (a YAML alias), first near the top and again past the depth limit: the
+    quick walk over clean text goes in the same order as the full one, so it does not skip the
+    copy the full walk reads."""
+    from scheduling.spec import text_errors
+
+    shared = ["\x00"]
+    for _ in range(5):
+        shared = [shared]
+    deep = shared
+    for _ in range(60):
+        deep = [deep]
+    assert text_errors({"a": shared, "b": deep}) == [
+        ("a[0][0][0][0][0][0]", "must not contain NUL characters")
+    ]
