@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -19,6 +20,22 @@ from django.db import close_old_connections, connection
 
 ROOT = Path(__file__).resolve().parents[1]
 CELERY = [sys.executable, "-m", "celery", "-A", "portal"]
+
+
+def run_embedded(script: str, data_dir: Path, timeout: float = 180) -> Any:
+    """Run ``script`` in a fresh interpreter configured like ``make demo`` (no DATABASE_URL, no
+    REDIS_URL: SQLite and the in-process buffer) and return the JSON of its last line."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL"} and not k.startswith("ORRERY")
+    }
+    env |= {"ORRERY_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def control_plane_env(data_dir: Path, **overrides: str) -> dict[str, str]:

@@ -3,13 +3,7 @@ fresh interpreter configured like ``make demo`` (no DATABASE_URL, no REDIS_URL).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes import run_embedded
 
 SCRIPT = r"""
 import json, time
@@ -59,17 +53,7 @@ print(json.dumps({
 
 
 def test_pipeline_on_sqlite_and_the_memory_buffer(tmp_path):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "REDIS_URL"} and not k.startswith("ORRERY")
-    }
-    env |= {"ORRERY_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    seen = run_embedded(SCRIPT, tmp_path, timeout=120)
     assert seen["first"] == [5, 5] and seen["second"] == [5, 1]
     assert seen["seqs"] == [2, 2, 2, 2, 2]
     assert seen["good_since_reset"] == 5  # 100 s of silence ended the earlier run of heartbeats

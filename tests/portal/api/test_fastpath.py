@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -17,11 +13,11 @@ from channels.layers import get_channel_layer
 from foundation import live
 from scheduling.models import Job
 from tests.portal.api.conftest import FastPathHandler, job_spec
+from tests.processes import run_embedded
 
 pytestmark = pytest.mark.usefixtures("fleet", "queue")
 
 JOBS = "/api/v1/jobs"
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def fast_client(api, user):
@@ -132,14 +128,4 @@ def test_the_fast_path_answers_on_the_embedded_default_too(tmp_path):
     """On SQLite (``make demo``'s database behind the WSGI entry point) a token already used is
     read as the views read it: SQLite hands times back without a zone, which the written-out
     PostgreSQL read compared with an aware clock (a 500 from the second submission on)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "REDIS_URL"} and not k.startswith("ORRERY")
-    }
-    env |= {"ORRERY_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", SQLITE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [201, 201, 201]
+    assert run_embedded(SQLITE_SCRIPT, tmp_path) == [201, 201, 201]
