@@ -328,14 +328,14 @@ def text_errors(document: Any, path: str = "") -> list[tuple[str, str]]:
 
 
 def _clean_text(document: Any) -> bool:
-    """Whether ``text_errors`` would find nothing: its walk without the paths (strings are
-    judged where they are met, ASCII without NUL at once)."""
+    """Whether ``text_errors`` would find nothing: its walk without the paths (a list's or a
+    mapping's strings are judged where they are met, not pushed)."""
     visited: set[int] = set()
     stack: list[tuple[Any, int]] = [(document, 0)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, str):
-            if "\x00" in value or (not value.isascii() and text_problem(value)):
+            if text_problem(value):
                 return False
             continue
         if not isinstance(value, dict | list) or id(value) in visited or depth >= 64:
@@ -343,7 +343,7 @@ def _clean_text(document: Any) -> bool:
         visited.add(id(value))
         if isinstance(value, dict):
             for key in value:
-                if isinstance(key, str) and ("\x00" in key or (not key.isascii() and text_problem(key))):
+                if isinstance(key, str) and text_problem(key):
                     return False
             items = value.values()
         else:
@@ -351,7 +351,7 @@ def _clean_text(document: Any) -> bool:
         nested = []
         for item in items:
             if isinstance(item, str):
-                if "\x00" in item or (not item.isascii() and text_problem(item)):
+                if text_problem(item):
                     return False
             elif isinstance(item, dict | list):
                 nested.append((item, depth + 1))
