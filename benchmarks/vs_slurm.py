@@ -23,6 +23,8 @@ Three modes, each printing both sides and their ratio:
   has not started. Slurm alone is measured before and after Orrery (and between rounds with
   ``--rounds``), its median is the yardstick: ``all_running_ratio`` = Orrery / Slurm (target ≤ 1.1).
   ``placed_to_submitted_s`` and ``end_to_seen_s`` (medians) say where a job waited in between.
+  Slurm's epilog rings Orrery at each job's end (``agent/ended``); ``--ring off`` polls only,
+  ``--ring alternate`` rings in odd rounds and polls only in even ones (``*_polled`` figures).
 * ``short`` — a scheduling-bound workload: ``--jobs`` jobs of 1, 2, 4 or 8 GPUs running 0.2–2 s.
   Every job is queued first while nothing may start (Slurm: the partition down; Orrery: the
   simulated cluster of the same shape disabled), then the fleet is opened and the clock runs until
@@ -553,14 +555,42 @@ def _latencies(env: dict[str, str], project: str) -> dict:
     }
 
 
+def ring_on_end(cluster, env: dict[str, str], port: int) -> Callable[[bool], None]:
+    """A switch for the dev Slurm's epilog (``orrery-epilog``): on, it rings this Orrery when a
+    job of its ends, with a collector credential of the cluster, as an operator sets it up."""
+    from clusters.services.credentials import issue_cluster_credential
+
+    etc = Path(env["SLURM_CONF"]).parent
+    _, credential = issue_cluster_credential(cluster, name="epilog")
+    (etc / "orrery-hpc.credential").write_text(credential)
+    (etc / "orrery-hpc.credential").chmod(0o600)
+    text = (
+        f"url=http://127.0.0.1:{port}\ncluster={cluster.name}\ncredential_file={etc}/orrery-hpc.credential\n"
+    )
+
+    def switch(on: bool) -> None:
+        conf = etc / "orrery-epilog.conf"
+        if on:
+            conf.write_text(text)
+        else:
+            conf.unlink(missing_ok=True)
+
+    return switch
+
+
 def run_overhead(args, say) -> dict:
     jobs = workload(args.jobs, args.seed)
     result: dict = {
+        "job_end": {
+            "on": "rung by Slurm's EpilogSlurmctld, and polled",
+            "off": "polled only (orrery_over_slurm_polled)",
+            "alternate": "rung in rounds 1, 3, ...; polled only in rounds 2, 4, ... (orrery_over_slurm_polled)",
+        }[args.ring],
         "gpu_seconds_demanded": sum(g * s for g, s in jobs),
         "fleet_bound_s": round(sum(g * s for g, s in jobs) / (args.nodes * args.gpus_per_node), 1),
         "orrery_dispatch_rate": "ORRERY_DISPATCH_PER_S_BY_KIND slurm=0 (no limit) for the run",
     }
-    slurm_runs, orrery_runs = [], []
+    slurm_runs, orrery_runs, polled_runs = [], [], []
     with slurm_cluster(args, say) as env, unix_account() as account:
         result["slurm_start_s"] = float(env["slurm_start_s"])
         slurm_runs.append(slurm_alone(args, env, jobs, say))
@@ -578,16 +608,24 @@ def run_overhead(args, say) -> dict:
                 "hpc", env["ORRERY_SLURM_URL"], token, slurm_conf=env["SLURM_CONF"], identity="same_name"
             )
             Node.objects.filter(cluster=cluster).update(state=NodeState.READY)
+            ring_conf = ring_on_end(cluster, env, port)
             projects = [f"over-slurm-{r}" for r in range(args.rounds)]
             api = Api(port, submitter(account, projects))
             for r, project in enumerate(projects):
-                orrery_runs.append(orrery_over_slurm(args, env, api, project, jobs, say))
+                rung = args.ring == "on" or (args.ring == "alternate" and r % 2 == 0)
+                ring_conf(rung)
+                (orrery_runs if rung else polled_runs).append(
+                    orrery_over_slurm(args, env, api, project, jobs, say)
+                )
                 if r + 1 < args.rounds:
                     slurm_runs.append(slurm_alone(args, env, jobs, say))
         slurm_runs.append(slurm_alone(args, env, jobs, say))
-    result |= summarise_rounds({"slurm": slurm_runs, "orrery_over_slurm": orrery_runs})
-    result["all_running_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "all_running_s")
-    result["utilisation_ratio"] = median_ratio(result, "orrery_over_slurm", "slurm", "gpu_utilisation")
+    sides = {"slurm": slurm_runs, "orrery_over_slurm": orrery_runs, "orrery_over_slurm_polled": polled_runs}
+    result |= summarise_rounds({side: runs for side, runs in sides.items() if runs})
+    for side, suffix in (("orrery_over_slurm", ""), ("orrery_over_slurm_polled", "_polled")):
+        if sides[side]:
+            result[f"all_running_ratio{suffix}"] = median_ratio(result, side, "slurm", "all_running_s")
+            result[f"utilisation_ratio{suffix}"] = median_ratio(result, side, "slurm", "gpu_utilisation")
     return result
 
 
@@ -722,6 +760,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="Orrery runs; Slurm alone runs one more")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for each phase")
+    parser.add_argument(
+        "--ring",
+        choices=("on", "off", "alternate"),
+        default="on",
+        help="overhead: whether Slurm's epilog rings Orrery at a job's end (alternate: by round)",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
     args.jobs = args.jobs or (20_000 if args.mode == "short" else 2000)

@@ -37,3 +37,8 @@ POWER_ACTIONS = Counter(
     "the cluster said no).",
     ["action", "result"],
 )
+JOB_END_RINGS = Counter(
+    "orrery_cluster_job_end_rings_total",
+    "Rings from a cluster's own scheduler that one of its jobs ended (agent/ended), by cluster.",
+    ["cluster"],
+)

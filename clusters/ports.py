@@ -78,6 +78,13 @@ class AgentReports(Protocol):
         ...
 
 
+class ClusterJobEnded(Protocol):
+    def __call__(self, cluster_id: int, job: str | None = None) -> None:
+        """The cluster's own scheduler says its job ``job`` (a remote id; None: some job)
+        ended: read it back now rather than at the next poll."""
+        ...
+
+
 @dataclass(frozen=True)
 class Ports:
     node_workload: NodeWorkload | None = None
@@ -89,6 +96,7 @@ class Ports:
     node_lost: NodeLostHandler | None = None
     agent_desired: AgentDesired | None = None
     agent_reports: AgentReports | None = None
+    cluster_job_ended: ClusterJobEnded | None = None
 
 
 _ports = Ports()
@@ -145,6 +153,10 @@ def agent_desired() -> AgentDesired:
 
 def agent_reports() -> AgentReports:
     return port("agent_reports")
+
+
+def cluster_job_ended() -> ClusterJobEnded:
+    return port("cluster_job_ended")
 
 
 @contextmanager

@@ -117,3 +117,25 @@ class ForgivingRedisCache(RedisCache):
             # As for a missing key: the caller's ValueError path (rate limits start afresh).
             self._away("incr", exc, None)
             raise ValueError(f"Key '{key}' not found (cache unreachable)") from exc
+
+    def set_add(self, key: Any, member: str, timeout: int) -> bool:
+        """Add ``member`` to the Redis set at ``key`` (kept ``timeout`` seconds from now); False
+        when Redis is away."""
+        name = self.make_and_validate_key(key)
+        try:
+            client = self._cache.get_client(name, write=True)
+            client.pipeline().sadd(name, member).expire(name, timeout).execute()
+            return True
+        except _DOWN as exc:
+            return self._away("set_add", exc, False)
+
+    def set_take(self, key: Any) -> set[str] | None:
+        """Every member of the set at ``key``, which is emptied in the same step (another taker
+        gets none of them); None when Redis is away."""
+        name = self.make_and_validate_key(key)
+        try:
+            client = self._cache.get_client(name, write=True)
+            members, _ = client.pipeline(transaction=True).smembers(name).delete(name).execute()
+            return {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+        except _DOWN as exc:
+            return self._away("set_take", exc, None)

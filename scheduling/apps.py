@@ -19,6 +19,7 @@ class SchedulingConfig(AppConfig):
         )
         from scheduling.services.allocations import retire_mig_instances
         from scheduling.services.failover import handle_node_lost
+        from scheduling.wakeup import ring_sync
 
         active_profile()
         register_ports(
@@ -31,4 +32,5 @@ class SchedulingConfig(AppConfig):
             node_lost=handle_node_lost,
             agent_desired=desired_for_node,
             agent_reports=apply_reports,
+            cluster_job_ended=ring_sync,
         )

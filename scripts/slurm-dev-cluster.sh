@@ -8,7 +8,9 @@
 #   scripts/slurm-dev-cluster.sh token    # a fresh JWT for root
 #
 # Everything lives under $ORRERY_SLURM_DIR; nothing outside it is touched but /etc/hosts (one
-# line, only if the host name does not resolve). Runs as root. Knobs (environment):
+# line, only if the host name does not resolve). Runs as root. slurmctld runs Orrery's epilog
+# (clusters/adapters/slurm/orrery-epilog, copied to $ORRERY_SLURM_DIR/etc): it rings Orrery when
+# a job ends once $ORRERY_SLURM_DIR/etc/orrery-epilog.conf says where. Knobs (environment):
 #   ORRERY_SLURM_DIR=/tmp/orrery-slurm ORRERY_SLURM_NODES=4 ORRERY_SLURM_CPUS=8
 #   ORRERY_SLURM_MEMORY_MB=64000 ORRERY_SLURM_GPUS=4 ORRERY_SLURM_GPU_TYPE=a100
 #   ORRERY_SLURM_CTLD_PORT=6817 ORRERY_SLURM_SLURMD_PORT=17000 ORRERY_SLURM_REST_PORT=6820
@@ -16,6 +18,7 @@
 set -euo pipefail
 
 L=${ORRERY_SLURM_DIR:-/tmp/orrery-slurm}
+HERE=$(cd "$(dirname "$0")" && pwd)
 NODES=${ORRERY_SLURM_NODES:-4}
 CPUS=${ORRERY_SLURM_CPUS:-8}
 MEM=${ORRERY_SLURM_MEMORY_MB:-64000}
@@ -69,6 +72,7 @@ configure() {
   chmod 0400 "$L/munge/munge.key"
   [ -f "$L/etc/jwt_hs256.key" ] || dd if=/dev/urandom of="$L/etc/jwt_hs256.key" bs=32 count=1 status=none
   chmod 0600 "$L/etc/jwt_hs256.key"
+  command install -m 0755 "$HERE/../clusters/adapters/slurm/orrery-epilog" "$L/etc/orrery-epilog"
   getent hosts "$(hostname)" >/dev/null || echo "127.0.0.1 $(hostname)" >> /etc/hosts
   local last=$((SLURMD_PORT + NODES))
   cat > "$L/etc/slurm.conf" <<CONF
@@ -95,6 +99,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$L/log/jobcomp.log
+EpilogSlurmctld=$L/etc/orrery-epilog
 MinJobAge=600
 MaxJobCount=$MAX_JOBS
 MpiDefault=none

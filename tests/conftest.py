@@ -1,6 +1,8 @@
+import http.server
 import os
 import pwd
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,27 @@ def unix_users() -> Any:
     for name in names:
         subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
         subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+class _Catcher(http.server.BaseHTTPRequestHandler):
+    caught: list[tuple[str, dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.caught.append((self.path, dict(self.headers), body))
+        self.send_response(202)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def catcher():
+    """An HTTP server on loopback that answers every POST 202 and keeps (path, headers, body)."""
+    _Catcher.caught = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Catcher)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, _Catcher.caught
+    server.shutdown()

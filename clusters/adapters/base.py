@@ -271,6 +271,18 @@ class SupportsSignal(Protocol):
         ...
 
 
+class SupportsReadBack(Protocol):
+    """A kind that can read back a few of its jobs without reading them all: a cluster that
+    rings when a job ends (``agent/ended``) is answered with this rather than a whole sync."""
+
+    def read_back(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
+        """States and output of these works' jobs only, found by their remote ids (no orphans:
+        the whole sync finds those; a job the cluster does not list is left to it as well).
+        ``again_in_s`` is set while one of them has ended but is still being cleaned up there,
+        so its final state is not known yet."""
+        ...
+
+
 def signal_or_cancel(
     adapter: ClusterAdapter, cluster: Cluster, remote_ids: Sequence[str], signal: str, grace_s: int
 ) -> int:

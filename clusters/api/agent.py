@@ -1,5 +1,6 @@
-"""The agent protocol: register, describe, inventory, heartbeat, report (plain Django views: this
-is the hot path, so no serializer per record and no database write per report).
+"""The agent protocol: register, describe, inventory, heartbeat, report, attempts, ended (plain
+Django views: this is the hot path, so no serializer per record and no database write per
+report).
 
 Every error is JSON ``{"detail", "errors": [{"path", "message"}]}``: 400 for a malformed
 payload, 401 for a missing or refused credential, 403 for a report about a node or cluster
@@ -12,6 +13,7 @@ refused request was stored.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -26,12 +28,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from clusters import ports
+from clusters.adapters.registry import adapter_for
 from clusters.agent import mig
 from clusters.choices import ClusterKind
 from clusters.ingest.buffer import BufferUnavailable, get_buffer
 from clusters.ingest.flow import in_flight, retry_after
 from clusters.ingest.records import ReportError, node_name, parse_report
-from clusters.metrics import INGEST_REFUSED, REPORTS
+from clusters.metrics import INGEST_REFUSED, JOB_END_RINGS, REPORTS
 from clusters.models import Cluster, Node
 from clusters.selectors import resolve_gpu_model
 from clusters.services.credentials import (
@@ -49,7 +52,7 @@ from clusters.services.mig import MigDescription, mig_layouts_for_node
 
 MAX_NODES_PER_REPORT = 5000
 MAX_LOG_OFFSET = 1 << 40  # a job's output stream beyond a terabyte is not output
-FLOW_CONTROLLED = {"heartbeat", "report"}  # the hot ingest: past the in-flight limit, 429
+FLOW_CONTROLLED = {"heartbeat", "report", "ended"}  # the hot ingest: past the in-flight limit, 429
 _NAME_MAP_TTL_S = 30.0
 
 
@@ -453,6 +456,28 @@ def report(body: Any, bearer: str) -> Answer:
     )
 
 
+def ended(body: Any, bearer: str) -> Answer:
+    """``POST agent/ended`` with a cluster credential: a doorbell rung by the cluster's own
+    scheduler when one of its jobs ends (Slurm's ``EpilogSlurmctld``: ``orrery-epilog``). Orrery
+    reads that job back now instead of at the next poll (a whole sync when ``job`` is absent);
+    the cluster, not this call, says how it ended, so the body only names a job to look at among
+    this cluster's active attempts. Rings of a burst are one read
+    (``scheduling.wakeup.ring_sync``); a cluster whose kind is not polled (its agents report
+    their ends themselves) is 409."""
+    identity = authenticate_cluster(bearer)
+    if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
+        return _error(403, f"This credential speaks for cluster '{identity.cluster_name}' only.")
+    job = body.get("job")
+    if job is not None and not (isinstance(job, str) and re.fullmatch(r"[0-9]{1,32}", job)):
+        raise ReportError("job", "must be the Slurm job id: at most 32 digits")
+    kind = Cluster.objects.filter(pk=identity.cluster_id).values_list("kind", flat=True).first()
+    if kind is None or adapter_for(kind).sync_every_s is None:
+        return _error(409, f"Cluster '{identity.cluster_name}' is not polled: its own agents report ends.")
+    ports.cluster_job_ended()(identity.cluster_id, job)
+    JOB_END_RINGS.labels(identity.cluster_name).inc()
+    return 202, {"cluster": identity.cluster_name}
+
+
 class _NodeIdsByName:
     """Per cluster ``{node name: id}``, cached for 30 s (refreshed at once on a miss)."""
 
@@ -484,4 +509,5 @@ ENDPOINTS: dict[str, Callable[[Any, str], Answer]] = {
     "heartbeat": heartbeat,
     "report": report,
     "attempts": attempts,
+    "ended": ended,
 }

@@ -20,7 +20,7 @@ from django.core.signals import request_finished, request_started
 from clusters.api.agent import bearer_of, handle, retry_headers
 
 PREFIX = "/api/v1/agent/"
-HOT = {"heartbeat", "report"}
+HOT = {"heartbeat", "report", "ended"}
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 

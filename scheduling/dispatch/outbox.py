@@ -51,7 +51,7 @@ from scheduling.dispatch.ports import assign_master_ports
 from scheduling.dispatch.remote import apply_remote_states
 from scheduling.dispatch.works import load_works
 from scheduling.models import DispatchOutbox, JobAttempt
-from scheduling.wakeup import ring_dispatch, wake_sync
+from scheduling.wakeup import ring_dispatch, ring_dispatch_again, wake_sync
 
 log = logging.getLogger(__name__)
 LEASE_S = 120  # SQLite's cache lease: longer than one delivery can take (squeue + sbatch time-outs)
@@ -71,11 +71,12 @@ def drain_outbox() -> int:
         )
         of_kind = pending.filter(cluster__kind=kind).order_by()
         clusters = set(of_kind.values_list("cluster_id", flat=True).distinct())
-        more = False
+        more = busy = False
         for cluster in Cluster.objects.filter(pk__in=clusters).order_by("pk"):
             with _delivering(cluster.pk) as ours:
                 if not ours:
-                    continue  # another drain is delivering to this cluster now
+                    busy = True  # another drain is delivering to this cluster now
+                    continue
                 try:
                     bucket = _Bucket(cluster.pk, _rate(kind))
                     allowed = min(adapter.dispatch_batch, bucket.tokens())
@@ -94,6 +95,8 @@ def drain_outbox() -> int:
                     log.exception("dispatch to cluster %s failed; its rows are tried again", cluster.name)
         if more:
             ring_dispatch()  # a batch was full: come back at once rather than at the next sweep
+        elif busy:
+            ring_dispatch_again()  # rows the other drain did not read are delivered shortly
     return delivered
 
 

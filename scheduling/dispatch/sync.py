@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from django.utils import timezone
@@ -42,7 +42,7 @@ from scheduling.dispatch.remote import apply_remote_states, past_time_limit
 from scheduling.dispatch.works import load_works
 from scheduling.models import JobAttempt
 from scheduling.services.logs import store_log
-from scheduling.wakeup import wake_sync
+from scheduling.wakeup import ring_sync, wake_sync
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,45 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
     if again is not None:
         wake_sync(cluster.pk, again)
     return SyncCounts(moved, cancelled, drained.signalled)
+
+
+MAX_READ_BACKS = 20  # a rung job still completing is read again at most this many times
+MAX_RUNG = 1000  # more rung jobs than this at once are read by a whole sync
+
+
+def sync_rung(cluster: Cluster, rung: Collection[str]) -> SyncCounts:
+    """Read back only the jobs the cluster rang about (``agent/ended``, ``wakeup.rung_jobs``:
+    remote ids, each with how often it was read back already as ``id/n``), where its kind can
+    (``SupportsReadBack``); the whole sync otherwise. Only this cluster's active attempts with
+    those ids are read, so a ring names nothing Orrery would not ask about anyway, and what the
+    cluster says of them goes through the one mapper. One still being cleaned up there is rung
+    again shortly, a bounded number of times (the periodic pass reads it after that). More rung
+    jobs than ``MAX_RUNG`` (a flood of rings) are read by one whole sync."""
+    read_back = getattr(adapter_for(cluster.kind), "read_back", None)  # SupportsReadBack
+    if not callable(read_back) or len(rung) > MAX_RUNG:
+        return sync_cluster(cluster)
+    reads = {}
+    for item in rung:
+        remote_id, _, n = item.partition("/")
+        reads[remote_id] = int(n) if n.isdigit() else 0
+    works = load_works(
+        JobAttempt.objects.filter(cluster=cluster, active=True, remote_id__in=list(reads))
+        .order_by("created_at")
+        .values_list("pk", flat=True)
+    )
+    if not works:
+        return SyncCounts(0, 0)
+    synced = read_back(cluster, works)
+    for chunk in synced.output:
+        store_log(chunk)
+    moved = apply_remote_states(synced.states)
+    if synced.again_in_s is not None:
+        ended = {s.attempt_id for s in synced.states if s.phase.ended}
+        for work in works:
+            n = reads.get(work.remote_id, 0) + 1
+            if work.attempt_id not in ended and n < MAX_READ_BACKS:
+                ring_sync(cluster.pk, f"{work.remote_id}/{n}", countdown=synced.again_in_s)
+    return SyncCounts(moved, 0)
 
 
 @dataclass(frozen=True)

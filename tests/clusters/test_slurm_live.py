@@ -5,6 +5,7 @@ Orrery chose; exit codes, cancel, time limits and holds; a killed slurmd; slurmr
 
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -223,6 +224,70 @@ def test_the_console_onboards_with_a_connection_test(slurm, client, operator):
         follow=True,
     )
     assert "slurmrestd answers (v0.0.38)" in tested.content.decode()
+
+
+def test_slurm_rings_orrery_when_its_job_ends_and_not_for_anyone_elses(
+    hpc, slurm, api, alice, queue, catcher, client, settings, monkeypatch
+):
+    """The dev Slurm runs ``orrery-epilog`` as its ``EpilogSlurmctld``: once told where, the end
+    of a job Orrery submitted rings ``agent/ended`` with the cluster's credential, and that ring,
+    answered by Orrery, syncs the cluster at once; a job submitted to Slurm by someone else rings
+    nothing."""
+    from clusters.services.credentials import issue_cluster_credential
+    from scheduling import wakeup
+    from scheduling.tasks import sync_cluster_task
+    from scheduling.wakeup import ring_sync
+
+    server, caught = catcher
+    conf = Path(slurm["SLURM_CONF"]).parent / "orrery-epilog.conf"
+    secret = conf.parent / "orrery-hpc.credential"
+    _, credential = issue_cluster_credential(hpc, name="epilog")
+    secret.write_text(credential)
+    secret.chmod(0o600)
+    conf.write_text(f"url=http://127.0.0.1:{server.server_port}\ncluster=hpc\ncredential_file={secret}\n")
+    try:
+        foreign = subprocess.run(
+            ["sbatch", "--parsable", "--output=/dev/null", "--comment=mine", "--wrap", "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        answer = api(alice).post("/api/v1/jobs", slurm_job("quick", "true"), format="json")
+        assert answer.status_code == 201, answer.content
+        assert run_cycle(SchedulerCache()).placed == 1 and drain_outbox() == 1
+        remote = JobAttempt.objects.get(job_id=answer.json()["id"]).remote_id
+        rung = wait(
+            lambda: [c for c in caught if json.loads(c[2]).get("job") == remote], "its ring", timeout=60
+        )
+        wait(lambda: squeue(foreign) in ("", "COMPLETED"), "the other job's end", timeout=60)
+    finally:
+        conf.unlink(missing_ok=True)
+        secret.unlink(missing_ok=True)
+    assert not [c for c in caught if json.loads(c[2]).get("job") == foreign]  # not Orrery's: no ring
+    path, headers, body = rung[0]
+    assert len(rung) == 1 and path == "/api/v1/agent/ended"
+    assert json.loads(body) == {"cluster": "hpc", "job": remote}
+    settings.REDIS_URL = "redis://wake-ups-only"  # wake-ups are a Celery feature
+    sent = []
+    monkeypatch.setattr(
+        wakeup, "_send", lambda task, **o: sent.append((task, o.get("args"), o.get("kwargs")))
+    )
+    from django.core.cache import cache
+
+    cache.clear()
+    answered = client.post(
+        path, body, content_type="application/json", HTTP_AUTHORIZATION=headers["Authorization"]
+    )
+    assert answered.status_code == 202, answered.content
+    assert sent == [(wakeup.SYNC_TASK, [hpc.pk], {"rung": True})]
+    assert wakeup.rung_jobs(hpc.pk) == {remote}
+    ring_sync(hpc.pk, remote)  # as it was
+    sync_cluster_task(*sent[0][1], **sent[0][2])  # reads back that one job (squeue -j), no other
+    assert Job.objects.get(pk=answer.json()["id"]).state == JobState.SUCCEEDED
+    assert not SlurmAdapter().read_back(hpc, []).states
+    gone = load_works(JobAttempt.objects.filter(job_id=answer.json()["id"]))
+    assert SlurmAdapter().read_back(hpc, [replace(gone[0], remote_id="987654321")]).states == []
 
 
 def test_jobs_submitted_through_the_api_run_where_orrery_chose(hpc, api, alice, queue):

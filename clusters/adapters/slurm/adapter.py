@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # mostly waits on a process start and its RPC to slurmctld, which serves several at a time.
 SUBMITTERS = 4
 OUTPUT_TAIL = 1 << 20  # the last MiB of a job's output is copied in at each sync
+COMPLETING_AGAIN_S = 0.1  # a job read back while Slurm still completes it is read again then
 
 # Slurm's job states (as ``job_state`` maps them) → the neutral phases. COMPLETING is still
 # running as far as the job's owner is concerned; Slurm's PENDING is a queue wait.
@@ -168,6 +169,27 @@ class SlurmAdapter:
                     )
                 )
         return Synced(states=states, output=output, orphans=orphans)
+
+    def read_back(self, cluster: Cluster, works: Sequence[Work]) -> Synced:
+        """``SupportsReadBack``: ``squeue -j`` with the works' Slurm ids, a read of the few jobs
+        Slurm rang about instead of every job it holds. A job is taken only under its attempt's
+        name and this cluster's tag. One still COMPLETING (its end recorded, its epilogs not yet
+        done, its final state not yet said) asks to be read again shortly."""
+        by_id = {w.remote_id: w for w in works if w.remote_id}
+        mark = comment(cluster_tag(cluster))
+        accounts: dict[str | None, Account | None] = {}
+        states, output, again = [], [], None
+        for slurm_job in squeue_jobs(cluster, job_ids=list(by_id)):
+            work = by_id.get(str(slurm_job["job_id"]))
+            if work is None or slurm_job["name"] != work.attempt_id or slurm_job["comment"] != mark:
+                continue
+            if job_state(slurm_job["job_state"]) == "COMPLETING":
+                again = COMPLETING_AGAIN_S
+            chunk = _output(cluster, work, accounts)
+            if chunk is not None:
+                output.append(chunk)
+            states.append(remote_state(work.attempt_id, slurm_job))
+        return Synced(states=states, output=output, again_in_s=again)
 
     def cancel(self, cluster: Cluster, remote_ids: Sequence[str]) -> int:
         """Cancel Slurm jobs; a refusal (the job ended meanwhile) is logged and the rest go on."""
@@ -331,13 +353,20 @@ _SQUEUE_FIELDS = (
 _SQUEUE_FORMAT = ",".join(f"{field}:{_SEP}" for _, field in _SQUEUE_FIELDS) + f",Comment:{_SEP},Name:{_SEP}"
 
 
-def squeue_jobs(cluster: Cluster, keep: Callable[[str, str], bool] | None = None) -> list[dict[str, Any]]:
+def squeue_jobs(
+    cluster: Cluster, keep: Callable[[str, str], bool] | None = None, *, job_ids: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """Every job Slurm still holds, ended ones included (as slurmrestd's job list has them, with
-    the fields sync reads), or those whose name and comment ``keep`` takes. Raises
-    ``SlurmError`` when Slurm cannot be asked."""
+    the fields sync reads), or those whose name and comment ``keep`` takes, or only the jobs of
+    ``job_ids`` (those Slurm no longer knows are left out). Raises ``SlurmError`` when Slurm
+    cannot be asked."""
+    only = [j for j in job_ids if j.isascii() and j.isdigit()] if job_ids is not None else None
+    if only == []:
+        return []
     try:
         done = subprocess.run(
-            ["squeue", "-h", "-t", "all", "--noconvert", "-O", _SQUEUE_FORMAT],
+            ["squeue", "-h", "-t", "all", "--noconvert", "-O", _SQUEUE_FORMAT]
+            + ([f"--jobs={','.join(only)}"] if only else []),
             capture_output=True,
             text=True,
             env=_cli_env(cluster),
@@ -346,6 +375,8 @@ def squeue_jobs(cluster: Cluster, keep: Callable[[str, str], bool] | None = None
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmError(f"squeue could not read the jobs of {cluster.name}: {exc}") from exc
     if done.returncode != 0:
+        if only and "Invalid job id" in done.stderr:
+            return []  # none of them is known any more (each known one would be listed)
         raise SlurmError(f"squeue could not read the jobs of {cluster.name}: {done.stderr.strip()[:300]}")
     return [job for line in done.stdout.splitlines() if (job := parse_squeue_line(line, keep)) is not None]
 
