@@ -79,9 +79,9 @@ class AgentReports(Protocol):
 
 
 class ClusterJobEnded(Protocol):
-    def __call__(self, cluster_id: int, job: str | None = None) -> None:
-        """The cluster's own scheduler says its job ``job`` (a remote id; None: some job)
-        ended: read it back now rather than at the next poll."""
+    def __call__(self, cluster_id: int, job: str) -> None:
+        """The cluster's own scheduler says its job ``job`` (a remote id) ended: read it back
+        now rather than at the next poll."""
         ...
 
 

@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 _CYCLE_QUEUED = "orrery:cycle-queued"
 _DISPATCH_QUEUED = "orrery:dispatch-queued"
 RETRY_S = 0.2  # a cycle or drain that found another at work asks again after this
-_WHOLE = "*"  # in a cluster's rung jobs: a ring that named none, so the whole cluster is read
 CYCLE_TASK = "scheduling.tasks.scheduling_cycle_task"
 DISPATCH_TASK = "scheduling.tasks.dispatch_outbox_task"
 SYNC_TASK = "scheduling.tasks.sync_cluster_task"
@@ -68,7 +67,11 @@ def _queue_once(mark: str, task: str, *, expires: float, countdown: float = 0.0,
     task starts, or expires with it if the message is lost)."""
     try:
         if cache.add(mark, 1, timeout=int(countdown + expires) + 1):
-            _send(task, countdown=countdown, expires=expires, **options)
+            try:
+                _send(task, countdown=countdown, expires=expires, **options)
+            except Exception:
+                cache.delete(mark)  # nothing waits: the next ask must send
+                raise
     except Exception:  # the beat runs the task every second regardless
         log.warning("could not send %s early", task, exc_info=True)
 
@@ -95,19 +98,18 @@ def wake_sync(cluster_id: int, delay_s: float | None) -> None:
         log.warning("could not wake the sync of cluster %s", cluster_id, exc_info=True)
 
 
-def ring_sync(cluster_id: int, job: str | None = None, *, countdown: float = 0.0) -> None:
+def ring_sync(cluster_id: int, job: str, *, countdown: float = 0.0) -> None:
     """The cluster's own scheduler says its job ``job`` ended (Slurm's ``EpilogSlurmctld``
     through ``agent/ended``): read it back now, so its GPUs go to the next job without waiting
     for the next poll. The rung jobs are noted in a set that the sync takes whole
     (``rung_jobs``), and at most one rung sync waits in the queue per cluster: a burst of ends
     is one read of those jobs, and an end rung while a read runs is taken by the one queued
-    behind it (``sync_started``). A ring that names no job asks for a whole sync; one whose job
-    cannot be noted (the cache is away) wakes the whole sync instead. A doorbell only: the
-    periodic pass reads whatever a lost ring left."""
+    behind it (``sync_started``). A ring whose job cannot be noted (the cache is away) wakes the
+    whole sync instead. A doorbell only: the periodic pass reads whatever a lost ring left."""
     if not settings.REDIS_URL:
         return  # the embedded default's in-process timer syncs every second anyway
     note = getattr(cache, "set_add", None)
-    if note is None or not note(_rung_jobs(cluster_id), job or _WHOLE, timeout=60):
+    if note is None or not note(_rung_jobs(cluster_id), job, timeout=60):
         wake_sync(cluster_id, 0.0)
         return
     rung = {"args": [cluster_id], "kwargs": {"rung": True}}
@@ -121,11 +123,9 @@ def sync_started(cluster_id: int) -> None:
 
 def rung_jobs(cluster_id: int) -> set[str] | None:
     """The jobs rung about since the last rung sync took them, taken now (each is read once);
-    None when the whole cluster is to be read (a ring named no job, or the set is out of
-    reach)."""
+    None when the set is out of reach (the whole cluster is read instead)."""
     take = getattr(cache, "set_take", None)
-    jobs = take(_rung_jobs(cluster_id)) if take is not None else None
-    return None if jobs is None or _WHOLE in jobs else jobs
+    return take(_rung_jobs(cluster_id)) if take is not None else None
 
 
 def _sync_rung(cluster_id: int) -> str:

@@ -127,3 +127,4 @@ def catcher():
     thread.start()
     yield server, _Catcher.caught
     server.shutdown()
+    server.server_close()

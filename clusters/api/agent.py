@@ -459,16 +459,18 @@ def report(body: Any, bearer: str) -> Answer:
 def ended(body: Any, bearer: str) -> Answer:
     """``POST agent/ended`` with a cluster credential: a doorbell rung by the cluster's own
     scheduler when one of its jobs ends (Slurm's ``EpilogSlurmctld``: ``orrery-epilog``). Orrery
-    reads that job back now instead of at the next poll (a whole sync when ``job`` is absent);
-    the cluster, not this call, says how it ended, so the body only names a job to look at among
-    this cluster's active attempts. Rings of a burst are one read
+    reads that job back now instead of at the next poll; the cluster, not this call, says how it
+    ended, so the body only names a job to look at among this cluster's active attempts (a job
+    id that is none of theirs costs one indexed read). Rings of a burst are one read
     (``scheduling.wakeup.ring_sync``); a cluster whose kind is not polled (its agents report
     their ends themselves) is 409."""
     identity = authenticate_cluster(bearer)
-    if not isinstance(body, dict) or body.get("cluster") != identity.cluster_name:
+    if not isinstance(body, dict):
+        raise ReportError("", "must be an object: {cluster, job}")
+    if body.get("cluster") != identity.cluster_name:
         return _error(403, f"This credential speaks for cluster '{identity.cluster_name}' only.")
     job = body.get("job")
-    if job is not None and not (isinstance(job, str) and re.fullmatch(r"[0-9]{1,32}", job)):
+    if not (isinstance(job, str) and re.fullmatch(r"[0-9]{1,32}", job)):
         raise ReportError("job", "must be the Slurm job id: at most 32 digits")
     kind = Cluster.objects.filter(pk=identity.cluster_id).values_list("kind", flat=True).first()
     if kind is None or adapter_for(kind).sync_every_s is None:

@@ -88,7 +88,7 @@ def sync_cluster(cluster: Cluster) -> SyncCounts:
 
 
 MAX_READ_BACKS = 20  # a rung job still completing is read again at most this many times
-MAX_RUNG = 1000  # more rung jobs than this at once are read by a whole sync
+MAX_RUNG = 1000  # rung jobs read at once; more (a flood of rings) are left to the periodic pass
 
 
 def sync_rung(cluster: Cluster, rung: Collection[str]) -> SyncCounts:
@@ -97,13 +97,16 @@ def sync_rung(cluster: Cluster, rung: Collection[str]) -> SyncCounts:
     (``SupportsReadBack``); the whole sync otherwise. Only this cluster's active attempts with
     those ids are read, so a ring names nothing Orrery would not ask about anyway, and what the
     cluster says of them goes through the one mapper. One still being cleaned up there is rung
-    again shortly, a bounded number of times (the periodic pass reads it after that). More rung
-    jobs than ``MAX_RUNG`` (a flood of rings) are read by one whole sync."""
+    again shortly, a bounded number of times (the periodic pass reads it after that). At most
+    ``MAX_RUNG`` rung jobs are read at once: the rest of a flood of rings is left to the periodic
+    pass."""
     read_back = getattr(adapter_for(cluster.kind), "read_back", None)  # SupportsReadBack
-    if not callable(read_back) or len(rung) > MAX_RUNG:
+    if not callable(read_back):
         return sync_cluster(cluster)
+    if len(rung) > MAX_RUNG:
+        log.warning("cluster %s rang about %d jobs at once; reading %d", cluster.name, len(rung), MAX_RUNG)
     reads = {}
-    for item in rung:
+    for item in sorted(rung)[:MAX_RUNG]:
         remote_id, _, n = item.partition("/")
         reads[remote_id] = int(n) if n.isdigit() else 0
     works = load_works(

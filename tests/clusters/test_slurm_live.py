@@ -283,6 +283,7 @@ def test_slurm_rings_orrery_when_its_job_ends_and_not_for_anyone_elses(
     assert sent == [(wakeup.SYNC_TASK, [hpc.pk], {"rung": True})]
     assert wakeup.rung_jobs(hpc.pk) == {remote}
     ring_sync(hpc.pk, remote)  # as it was
+    wait(lambda: squeue(remote) in ("", "COMPLETED"), "Slurm to finish completing it", timeout=60)
     sync_cluster_task(*sent[0][1], **sent[0][2])  # reads back that one job (squeue -j), no other
     assert Job.objects.get(pk=answer.json()["id"]).state == JobState.SUCCEEDED
     assert not SlurmAdapter().read_back(hpc, []).states
