@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from clusters.services.credentials import create_join_token, issue_cluster_crede
 from scheduling import wakeup
 from scheduling.tasks import sync_cluster_task
 from tests.factories import make_cluster
+from tests.processes import wait
 
 pytestmark = pytest.mark.django_db
 EPILOG = Path(__file__).resolve().parents[2] / "clusters/adapters/slurm/orrery-epilog"
@@ -238,15 +239,6 @@ def run_epilog(tmp_path: Path, env: dict[str, str], conf: str | None) -> subproc
     return subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=10)
 
 
-def caught_within(caught: list, seconds: float = 5.0) -> list:
-    done = threading.Event()
-    for _ in range(int(seconds * 20)):
-        if caught:
-            break
-        done.wait(0.05)
-    return caught
-
-
 def test_the_epilog_rings_for_orrerys_jobs_with_the_credential_off_the_command_line(tmp_path, catcher):
     server, caught = catcher
     (tmp_path / "credential").write_text("orc_Abc-123_xyz\n")
@@ -254,7 +246,7 @@ def test_the_epilog_rings_for_orrerys_jobs_with_the_credential_off_the_command_l
     conf = f"url=http://127.0.0.1:{server.server_port}\ncluster=hpc\ncredential_file={tmp_path}/credential"
     done = run_epilog(tmp_path, {"SLURM_JOB_ID": "4242", "SLURM_JOB_COMMENT": "orrery:abc123"}, conf)
     assert done.returncode == 0 and not done.stdout and not done.stderr
-    path, headers, body = caught_within(caught)[0]
+    path, headers, body = wait(lambda: caught, "the ring", timeout=5)[0]
     assert path == "/api/v1/agent/ended"
     assert headers["Authorization"] == "Bearer orc_Abc-123_xyz"
     assert body == b'{"cluster":"hpc","job":"4242"}'
@@ -293,14 +285,13 @@ def test_the_epilog_stays_silent_and_succeeds_when_it_should_not_ring(tmp_path, 
     text = None if conf is None else "".join(f"{k}={v}\n" for k, v in lines.items())
     done = run_epilog(tmp_path, env, text)
     assert done.returncode == 0 and not done.stderr
-    threading.Event().wait(0.5)  # a ring, had one gone, would have arrived by now
+    time.sleep(0.5)  # a ring, had one gone, would have arrived by now
     assert caught == []
 
 
 def test_the_epilog_returns_at_once_when_orrery_does_not_answer(tmp_path):
     """A control plane that accepts and never answers must not hold slurmctld's epilog."""
     import socket
-    import time
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
