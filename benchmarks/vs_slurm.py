@@ -17,8 +17,8 @@ Three modes, each printing both sides and their ratio:
   (seeded). Slurm alone: one client ``sbatch``-es every job. Orrery over Slurm: the same Slurm
   onboarded as a cluster of kind ``slurm`` (its adapter: Orrery places, ``sbatch`` pins each job to
   the chosen nodes, ``squeue`` reads them back), the jobs submitted through ``POST jobs/batch``;
-  two more Celery workers serve the dispatch queue (delivery and sync), and the per-cluster
-  dispatch rate limit is lifted. Both sides are read from Slurm itself: ``all_running_s`` is from the first submission until Slurm runs
+  two more Celery workers serve the dispatch role (delivery) and the sync role (reading Slurm
+  back) one each, and the per-cluster dispatch rate limit is lifted. Both sides are read from Slurm itself: ``all_running_s`` is from the first submission until Slurm runs
   or ran every job; ``gpu_utilisation`` is GPUs allocated in Slurm over the fleet's while any job
   has not started. Slurm alone is measured before and after Orrery (and between rounds with
   ``--rounds``), its median is the yardstick: ``all_running_ratio`` = Orrery / Slurm (target ≤ 1.1).
@@ -272,11 +272,11 @@ def slurm_short(args, env: dict[str, str], jobs: list[tuple[int, float]], say) -
 
 
 @contextmanager
-def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) -> Iterator[int]:
+def orrery_stack(extra_env: dict[str, str] | None = None, own: tuple[str, ...] = ()) -> Iterator[int]:
     """A throwaway database, migrated, and the production processes on it: gunicorn, one Celery
-    worker with beat, and ``dispatchers`` more workers for the dispatch queue alone (delivery and
-    sync; 0: the first worker serves it too). Yields the API's port once Django is set up here
-    too. Everything is stopped and dropped afterwards."""
+    worker with beat, and a worker of its own for each role in ``own`` (``dispatch``: delivery;
+    ``sync``: reading clusters back), which the first worker then does not serve. Yields the
+    API's port once Django is set up here too. Everything is stopped and dropped afterwards."""
     from benchmarks.throwaway import create_database, drop_database
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
@@ -339,22 +339,20 @@ def orrery_stack(extra_env: dict[str, str] | None = None, dispatchers: int = 0) 
             "--loglevel",
             "WARNING",
         ]
-        roles = [r for r in settings.ORRERY_CELERY_ROLES if not (dispatchers and r == "dispatch")]
+        roles = [r for r in settings.ORRERY_CELERY_ROLES if r not in own]
         queue = env["ORRERY_CELERY_QUEUE"]
         main_queues = ",".join(f"{queue}.{role}" for role in roles)
         workers = [
             [*celery, "-n", f"main-{queue}@%h", "-Q", main_queues, "--beat", "--schedule", f"{data_dir}/beat"]
         ]
-        workers += [
-            [*celery, "-n", f"dispatch{i}-{queue}@%h", "-Q", f"{queue}.dispatch"] for i in range(dispatchers)
-        ]
+        workers += [[*celery, "-n", f"{role}-{queue}@%h", "-Q", f"{queue}.{role}"] for role in own]
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         log = open(Path(data_dir) / "processes.log", "a")  # noqa: SIM115
         processes = [
             subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log) for argv in (gunicorn, *workers)
         ]
         wait_for_port(port)
-        _wait_for_workers(1 + dispatchers)
+        _wait_for_workers(1 + len(own))
         yield port
     finally:
         for process in processes:
@@ -558,7 +556,10 @@ def _latencies(env: dict[str, str], project: str) -> dict:
 def ring_on_end(cluster, env: dict[str, str], port: int) -> Callable[[bool], None]:
     """A switch for the dev Slurm's epilog (``orrery-epilog``): on, it rings this Orrery when a
     job of its ends, with a collector credential of the cluster, as an operator sets it up."""
+    from django.core.cache import cache
+
     from clusters.services.credentials import issue_cluster_credential
+    from scheduling.wakeup import ringing_key
 
     etc = Path(env["SLURM_CONF"]).parent
     _, credential = issue_cluster_credential(cluster, name="epilog")
@@ -574,6 +575,7 @@ def ring_on_end(cluster, env: dict[str, str], port: int) -> Callable[[bool], Non
             conf.write_text(text)
         else:
             conf.unlink(missing_ok=True)
+            cache.delete(ringing_key(cluster.pk))  # polled at its own pace from the first job
 
     return switch
 
@@ -598,7 +600,7 @@ def run_overhead(args, say) -> dict:
             "ORRERY_DISPATCH_PER_S_BY_KIND": "simulated=0,native=0,slurm=0",
             "SLURM_CONF": env["SLURM_CONF"],
         }
-        with orrery_stack(extra, dispatchers=2) as port:
+        with orrery_stack(extra, own=("dispatch", "sync")) as port:
             from clusters.choices import NodeState
             from clusters.models import Node
             from clusters.services.onboarding import onboard_slurm

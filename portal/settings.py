@@ -280,7 +280,7 @@ _PERIODIC = {
 # another. The node lifecycle shares ingest's queue: when ingest is behind, silence is not judged
 # from last-seen rows the backlog has not written yet.
 ORRERY_CELERY_QUEUE = os.environ.get("ORRERY_CELERY_QUEUE", "orrery")
-ORRERY_CELERY_ROLES = ("ingest", "aggregation", "scheduling", "dispatch", "notifications")
+ORRERY_CELERY_ROLES = ("ingest", "aggregation", "scheduling", "dispatch", "sync", "notifications")
 _TASK_ROLES = {
     "clusters.tasks.flush_heartbeats_task": "ingest",
     "clusters.tasks.take_inventories_task": "ingest",
@@ -293,8 +293,9 @@ _TASK_ROLES = {
     "scheduling.tasks.release_budget_holds_task": "scheduling",
     "clusters.tasks.settle_draining_nodes_task": "scheduling",
     "scheduling.tasks.dispatch_outbox_task": "dispatch",
-    "scheduling.tasks.sync_clusters_task": "dispatch",
-    "scheduling.tasks.sync_cluster_task": "dispatch",
+    # reading clusters back never waits behind a long delivery, nor a delivery behind a read
+    "scheduling.tasks.sync_clusters_task": "sync",
+    "scheduling.tasks.sync_cluster_task": "sync",
     "scheduling.tasks.deliver_notifications_task": "notifications",
     "clusters.tasks.power_saving_task": "dispatch",  # it calls the clusters' APIs, as dispatch does
 }
@@ -567,6 +568,10 @@ ORRERY_DISPATCH_PER_S_BY_KIND = {
         item.partition("=") for item in env_list("ORRERY_DISPATCH_PER_S_BY_KIND", "simulated=0,native=0")
     )
 }
+# A polled cluster whose scheduler rang at a job's end in the last minute (Slurm's
+# EpilogSlurmctld, scheduling/wakeup.py rings) has its ends read by ring; its whole sync, left
+# to find starts, lost rings and orphans, runs this often instead of at its kind's own pace.
+ORRERY_RUNG_SYNC_EVERY_S = float(os.environ.get("ORRERY_RUNG_SYNC_EVERY_S", 5))
 # The ports a gang's head may listen on (MASTER_PORT, scheduling/dispatch/ports.py): where the
 # attempts on a node share its network, each gang headed there gets the lowest one of
 # [BASE, BASE + PORTS) that no other active attempt on that node holds.

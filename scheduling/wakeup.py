@@ -28,6 +28,7 @@ RETRY_S = 0.2  # a cycle or drain that found another at work asks again after th
 CYCLE_TASK = "scheduling.tasks.scheduling_cycle_task"
 DISPATCH_TASK = "scheduling.tasks.dispatch_outbox_task"
 SYNC_TASK = "scheduling.tasks.sync_cluster_task"
+RINGING_FOR_S = 60  # a cluster that rang this recently is taken to ring at every job's end
 
 
 def _send(task: str, **options: Any) -> None:
@@ -108,12 +109,33 @@ def ring_sync(cluster_id: int, job: str, *, countdown: float = 0.0) -> None:
     whole sync instead. A doorbell only: the periodic pass reads whatever a lost ring left."""
     if not settings.REDIS_URL:
         return  # the embedded default's in-process timer syncs every second anyway
+    try:
+        cache.set(ringing_key(cluster_id), 1, timeout=RINGING_FOR_S)
+    except Exception:  # then its whole sync keeps the polled pace: nothing is seen later
+        log.warning("could not note that cluster %s rings", cluster_id, exc_info=True)
     note = getattr(cache, "set_add", None)
     if note is None or not note(_rung_jobs(cluster_id), job, timeout=60):
         wake_sync(cluster_id, 0.0)
         return
     rung = {"args": [cluster_id], "kwargs": {"rung": True}}
     _queue_once(_sync_rung(cluster_id), SYNC_TASK, expires=5, countdown=countdown, **rung)
+
+
+def rings(cluster_id: int) -> bool:
+    """Whether the cluster rang at a job's end within the last ``RINGING_FOR_S``: its ends then
+    come by ring, and its whole sync, which is left to find starts, lost rings and orphans, may
+    keep a slower pace (``settings.ORRERY_RUNG_SYNC_EVERY_S``). A cluster whose ring breaks is
+    polled at its own pace again within ``RINGING_FOR_S``."""
+    if not settings.REDIS_URL:
+        return False
+    try:
+        return bool(cache.get(ringing_key(cluster_id)))
+    except Exception:
+        return False
+
+
+def ringing_key(cluster_id: int) -> str:
+    return f"orrery:rings:{cluster_id}"
 
 
 def sync_started(cluster_id: int) -> None:

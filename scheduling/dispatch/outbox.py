@@ -51,7 +51,7 @@ from scheduling.dispatch.ports import assign_master_ports
 from scheduling.dispatch.remote import apply_remote_states
 from scheduling.dispatch.works import load_works
 from scheduling.models import DispatchOutbox, JobAttempt
-from scheduling.wakeup import ring_dispatch, ring_dispatch_again, wake_sync
+from scheduling.wakeup import ring_dispatch, ring_dispatch_again, rings, wake_sync
 
 log = logging.getLogger(__name__)
 LEASE_S = 120  # SQLite's cache lease: longer than one delivery can take (squeue + sbatch time-outs)
@@ -204,8 +204,10 @@ def _deliver(cluster: Cluster, rows: list[tuple[int, Any]]) -> int:
         pending += [Sent(w.attempt_id, error=str(exc)[:1000]) for w in works if w.attempt_id not in told]
     finally:
         delivered += _record(pending, row_of, by_id)
-    if delivered and adapter.sync_every_s is not None:
-        wake_sync(cluster.pk, 0.0)  # a polled cluster is read at once after a delivery
+    if delivered and adapter.sync_every_s is not None and not rings(cluster.pk):
+        # A polled cluster is read at once after a delivery (one that rings at its jobs' ends
+        # is read at its slower pace: its starts matter to no decision).
+        wake_sync(cluster.pk, 0.0)
     return delivered
 
 

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.utils import timezone
 
 from clusters.adapters.base import (
@@ -42,7 +43,7 @@ from scheduling.dispatch.remote import apply_remote_states, past_time_limit
 from scheduling.dispatch.works import load_works
 from scheduling.models import JobAttempt
 from scheduling.services.logs import store_log
-from scheduling.wakeup import ring_sync, wake_sync
+from scheduling.wakeup import ring_sync, rings, wake_sync
 
 log = logging.getLogger(__name__)
 
@@ -208,16 +209,21 @@ def _withdraw(cluster: Cluster, orphans: Sequence[Orphan]) -> int:
 
 def sync_due_clusters(now: float | None = None) -> int:
     """Sync every cluster of a polled kind whose interval has passed (disabled clusters too:
-    work already there must still finish). One that cannot be reached is logged and skipped.
-    Returns how many clusters were synced."""
+    work already there must still finish); a cluster that rings at its jobs' ends
+    (``wakeup.rings``) at the slower ``ORRERY_RUNG_SYNC_EVERY_S`` when that is longer. One that
+    cannot be reached is logged and skipped. Returns how many clusters were synced."""
     now = now or time.time()
-    kinds = [
-        k
-        for k in ADAPTERS
-        if (every := adapter_for(k).sync_every_s) is not None and due(f"orrery:synced:{k}", every, now)
-    ]
+    paces = {k: every for k in ADAPTERS if (every := adapter_for(k).sync_every_s) is not None}
+    kinds = [k for k, every in paces.items() if due(f"orrery:synced:{k}", every, now)]
+    rung_every = settings.ORRERY_RUNG_SYNC_EVERY_S
     done = 0
     for cluster in Cluster.objects.filter(kind__in=kinds):
+        if (
+            rung_every > paces[cluster.kind]
+            and rings(cluster.pk)
+            and not due(f"orrery:synced-rung:{cluster.pk}", rung_every, now)
+        ):
+            continue
         try:
             sync_cluster(cluster)
             done += 1

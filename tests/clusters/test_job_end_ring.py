@@ -136,6 +136,48 @@ def test_the_embedded_default_has_no_bell_and_still_answers(client, hpc, setting
     assert ring(client, {"cluster": "hpc", "job": "1"}, credential).status_code == 202
 
 
+def test_a_ringing_cluster_is_read_whole_at_the_slower_pace_and_a_silent_one_at_its_own(
+    client, hpc, sent, settings, monkeypatch
+):
+    from scheduling.dispatch import sync
+
+    settings.ORRERY_RUNG_SYNC_EVERY_S = 5.0
+    synced: list[str] = []
+    monkeypatch.setattr(sync, "sync_cluster", lambda cluster: synced.append(cluster.name))
+    make_cluster("quiet", kind=ClusterKind.SIMULATED)
+    _, credential = issue_cluster_credential(hpc)
+    assert ring(client, {"cluster": "hpc", "job": "1"}, credential).status_code == 202
+    assert wakeup.rings(hpc.pk)
+    start = time.time()
+    for second in range(11):
+        sync.sync_due_clusters(now=start + second)
+    assert synced.count("quiet") == 11  # its kind's pace: every second
+    assert synced.count("hpc") == 3  # at 0, 5 and 10 s: its ends come by ring
+    cache.delete(wakeup.ringing_key(hpc.pk))  # a minute without a ring (its epilog broke)
+    sync.sync_due_clusters(now=start + 11)
+    assert synced.count("hpc") == 4  # polled at its own pace again
+
+
+@pytest.mark.parametrize("rang", [False, True])
+def test_a_delivery_wakes_the_whole_sync_only_of_a_cluster_that_does_not_ring(
+    client, hpc, sent, alice, queue, rang
+):
+    from scheduling.dispatch.outbox import drain_outbox
+    from scheduling.engine.cache import SchedulerCache
+    from scheduling.engine.cycle import run_cycle
+    from tests.factories import make_job, make_node
+
+    make_node(hpc, gpus=8, name="h0")
+    make_job(alice, queue, gpus=1)
+    if rang:
+        _, credential = issue_cluster_credential(hpc)
+        assert ring(client, {"cluster": "hpc", "job": "1"}, credential).status_code == 202
+    assert run_cycle(SchedulerCache()).placed == 1
+    sent.clear()
+    assert drain_outbox() == 1
+    assert sent.count((wakeup.SYNC_TASK, (hpc.pk,), {})) == (0 if rang else 1)
+
+
 def test_a_ring_needs_a_live_credential_of_that_cluster(client, hpc, sent):
     _, credential = issue_cluster_credential(hpc)
     other = make_cluster("other", kind=ClusterKind.SIMULATED)
