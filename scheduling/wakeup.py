@@ -109,10 +109,8 @@ def ring_sync(cluster_id: int, job: str, *, countdown: float = 0.0) -> None:
     whole sync instead. A doorbell only: the periodic pass reads whatever a lost ring left."""
     if not settings.REDIS_URL:
         return  # the embedded default's in-process timer syncs every second anyway
-    try:
-        cache.set(ringing_key(cluster_id), 1, timeout=RINGING_FOR_S)
-    except Exception:  # then its whole sync keeps the polled pace: nothing is seen later
-        log.warning("could not note that cluster %s rings", cluster_id, exc_info=True)
+    # Redis away: the note is dropped, and the whole sync keeps the polled pace (foundation.cache)
+    cache.set(ringing_key(cluster_id), 1, timeout=RINGING_FOR_S)
     note = getattr(cache, "set_add", None)
     if note is None or not note(_rung_jobs(cluster_id), job, timeout=60):
         wake_sync(cluster_id, 0.0)
@@ -126,12 +124,7 @@ def rings(cluster_id: int) -> bool:
     come by ring, and its whole sync, which is left to find starts, lost rings and orphans, may
     keep a slower pace (``settings.ORRERY_RUNG_SYNC_EVERY_S``). A cluster whose ring breaks is
     polled at its own pace again within ``RINGING_FOR_S``."""
-    if not settings.REDIS_URL:
-        return False
-    try:
-        return bool(cache.get(ringing_key(cluster_id)))
-    except Exception:
-        return False
+    return bool(settings.REDIS_URL) and bool(cache.get(ringing_key(cluster_id)))
 
 
 def ringing_key(cluster_id: int) -> str:

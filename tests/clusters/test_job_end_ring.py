@@ -158,6 +158,17 @@ def test_a_ringing_cluster_is_read_whole_at_the_slower_pace_and_a_silent_one_at_
     assert synced.count("hpc") == 4  # polled at its own pace again
 
 
+def test_with_redis_away_a_ring_is_answered_and_the_cluster_keeps_its_polled_pace(hpc, sent, monkeypatch):
+    from foundation.cache import ForgivingRedisCache
+    from tests.processes import free_port
+
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    away = ForgivingRedisCache(nobody, {"OPTIONS": {"socket_connect_timeout": 0.2}})
+    monkeypatch.setattr(wakeup, "cache", away)
+    wakeup.ring_sync(hpc.pk, "7")  # nothing raises: the note and the doorbell are dropped
+    assert not wakeup.rings(hpc.pk)
+
+
 @pytest.mark.parametrize("rang", [False, True])
 def test_a_delivery_wakes_the_whole_sync_only_of_a_cluster_that_does_not_ring(
     client, hpc, sent, alice, queue, rang
@@ -193,6 +204,7 @@ def test_a_ring_needs_a_live_credential_of_that_cluster(client, hpc, sent):
     assert ring(client, {"cluster": "hpc"}, revoked).status_code == 401
     assert client.get("/api/v1/agent/ended").status_code == 405
     assert sent == []
+    assert not wakeup.rings(hpc.pk) and not wakeup.rings(other.pk)  # a refused ring slows no polling
 
 
 @pytest.mark.parametrize(
@@ -232,6 +244,7 @@ def test_garbage_is_refused_and_nothing_rings(client, hpc, sent, body):
     )
     assert answer.status_code == 400 and answer.json()["detail"]
     assert sent == []
+    assert not wakeup.rings(hpc.pk)
 
 
 def test_the_fast_path_answers_a_ring_as_django_does(client, hpc, sent):
