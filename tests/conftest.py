@@ -75,10 +75,18 @@ def node(db):
     return make_node(make_cluster("sim-a"), gpus=8, model="h100", name="a-n001")
 
 
+def _whole_machine(what: str) -> None:
+    """State of the whole machine is used by the second of make test's two processes only."""
+    assert os.environ.get("ORRERY_TEST_PROCESS") != "first", (
+        f"{what} is shared by the whole machine: list this test's file in scripts/test.sh's second process"
+    )
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A real Slurm (scripts/slurm-dev-cluster.sh: slurmctld, four slurmd with fake A100s,
     slurmrestd with JWT), started or found running once per test run; stopped at the end."""
+    _whole_machine("the dev Slurm")
     script = str(Path(__file__).resolve().parents[1] / "scripts/slurm-dev-cluster.sh")
     up = subprocess.run([script, "up"], capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, up.stderr[-3000:]
@@ -94,6 +102,7 @@ def unix_users() -> Any:
     groups), created for this test run and removed at its end with everything they ran. The
     tests that use them run as root, as an agent or a Slurm submit host does."""
     assert os.geteuid() == 0, "the identity tests create Unix users: run the suite as root"
+    _whole_machine("the test Unix accounts")
     names = ("orrt-alice", "orrt-bob")
     for name in names:
         subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
