@@ -3,6 +3,7 @@
 
     python benchmarks/submission.py --json
     python benchmarks/submission.py --profile 300      # in-process cProfile of POST /api/v1/jobs
+    py-spy record -r 200 -o out.txt -f raw -- python benchmarks/submission.py --profile 40 --profile-batch --unprofiled
 
 A throwaway PostgreSQL database with one simulated cluster, and gunicorn (2 workers × 4 threads,
 production settings) serving the API on loopback. One client, one keep-alive connection:
@@ -19,10 +20,10 @@ Yardsticks, measured in the same run before, between and after those phases (med
   row (the whole middleware stack, one INSERT, no Orrery code).
 
 ``submit_vs_sbatch`` = per-request rate ÷ ``sbatch`` rate; ``submit_vs_bare_view`` = per-request
-rate ÷ the bare view's; ``batched_vs_sbatch`` likewise. Every sample starts with an empty queue (a
-fresh project): the waiting-job caps count a project's waiting jobs on each submission, and a
-backlog that grows through the run would make later samples slower than earlier ones. The
-per-user submit throttle (default 1,200/min) is raised for the run.
+rate ÷ the bare view's; ``batched_vs_sbatch`` and ``batched_vs_bare_view`` likewise. Every sample
+starts with an empty queue (a fresh project): the waiting-job caps count a project's waiting jobs
+on each submission, and a backlog that grows through the run would make later samples slower
+than earlier ones. The per-user submit throttle (default 1,200/min) is raised for the run.
 """
 
 from __future__ import annotations
@@ -332,6 +333,7 @@ def run(args) -> dict:
         "submit_vs_sbatch": round(single / sbatch, 3),
         "submit_vs_bare_view": round(single / bare, 3),
         "batched_vs_sbatch": round(batch / sbatch, 2),
+        "batched_vs_bare_view": round(batch / bare, 2),
         "samples": {k: [round(v, 1) for v in vs] for k, vs in samples.items()},
         "jobs_per_sample": args.jobs,
         "batch_size": args.batch,
@@ -391,7 +393,8 @@ def profile(args) -> None:
         bodies = [body(i) for i in range(args.profile)]
         profiler = cProfile.Profile()
         started = time.perf_counter()
-        profiler.enable()
+        if not args.unprofiled:
+            profiler.enable()
         for b in bodies:
             call(path, b)
         profiler.disable()
@@ -400,6 +403,8 @@ def profile(args) -> None:
             f"{args.profile} requests in {elapsed:.2f} s: {elapsed / args.profile * 1000:.2f} ms each",
             file=sys.stderr,
         )
+        if args.unprofiled:
+            return
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
         print(out.getvalue(), file=sys.stderr)
@@ -420,6 +425,11 @@ def main() -> None:
     parser.add_argument("--slurm-nodes", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="profile N submissions in-process instead")
     parser.add_argument("--profile-batch", action="store_true", help="profile batch requests (--batch each)")
+    parser.add_argument(
+        "--unprofiled",
+        action="store_true",
+        help="with --profile: time the requests without cProfile (to sample them from outside with py-spy)",
+    )
     parser.add_argument("--profile-out", help="with --profile: also write the raw cProfile to this path")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")

@@ -124,7 +124,10 @@ def job_energy(job: Job) -> dict[str, float]:
     ``attempt_energy``). Reads the attempts prefetched with its placement
     (``scheduling.selectors.jobs_with_placement``, or ``job_placement`` called before); one
     query otherwise."""
-    return attempt_energy(*job.attempts.all())
+    # The prefetched attempts read as they are: through ``job.attempts`` each job made a manager
+    # (a class instance per call), a twentieth of a 500-job batch's answer.
+    prefetched = getattr(job, "_prefetched_objects_cache", {}).get("attempts")
+    return attempt_energy(*(job.attempts.all() if prefetched is None else prefetched))
 
 
 def attempt_energy(*attempts: JobAttempt) -> dict[str, float]:

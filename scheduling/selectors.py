@@ -223,7 +223,7 @@ def job_placement(job: Job) -> JobPlacement | None:
     if "attempts" not in getattr(job, "_prefetched_objects_cache", {}):
         # Building the Prefetch is four querysets: a 500-job answer paid 30 ms for nothing.
         prefetch_related_objects([job], _placement_prefetch())
-    attempts = list(job.attempts.all())  # ordered by number
+    attempts = list(job._prefetched_objects_cache["attempts"])  # ordered by number
     if not attempts:
         return None
     attempt = attempts[-1]

@@ -808,15 +808,17 @@ _KEPT_MEMORY = _text_kept(parse_memory)
 _KEPT_SIGNAL = _text_kept(parse_signal)
 
 
-def parse_job_spec(document: Any, *, path: str = "") -> JobSpec:
-    """Validate and normalise one job document; raise ``SpecError`` listing every problem."""
+def parse_job_spec(document: Any, *, path: str = "", text_checked: bool = False) -> JobSpec:
+    """Validate and normalise one job document; raise ``SpecError`` listing every problem.
+    ``text_checked``: the caller has refused every document with text that can be neither stored
+    nor shown back (the API's JSON parser does, ``portal.api.parsers.check_document``)."""
     c = _Collector()
     p = f"{path}." if path else ""
     if not isinstance(document, dict):
         raise SpecError([(path or "(body)", f"must be a job spec (a mapping), not {_kind(document)}")])
     # Text that can be neither stored nor shown back is refused before anything else reads it:
     # later messages quote values and paths name keys.
-    bad_text = text_errors(document, path)
+    bad_text = [] if text_checked else text_errors(document, path)
     if bad_text:
         raise SpecError(bad_text)
     top = c.mapping(document, path, TOP_FIELDS)

@@ -147,7 +147,9 @@ def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Ans
     try:
         key = idempotency_key(environ.get("HTTP_IDEMPOTENCY_KEY"))
         data = StrictJsonParser().parse(io.BytesIO(body), "application/json", {"encoding": charset})
-        requests = one_job_requests(user, data) if kind == "one" else batch_requests(user, data)
+        # The parser has refused any text that can be neither stored nor shown back: the spec
+        # reader need not look again.
+        requests = (one_job_requests if kind == "one" else batch_requests)(user, data, text_checked=True)
     except Exception:  # a refusal: Django answers it, throttle and tenant slot included
         return None
     limit = settings.ORRERY_API_TENANT_CONCURRENCY

@@ -202,10 +202,11 @@ class JobListView(GenericAPIView):
         return Response(submitted_job(jobs[0], created, requests[0]), status=201 if created else 200)
 
 
-def one_job_requests(user: Any, data: Any) -> list[JobRequest]:
+def one_job_requests(user: Any, data: Any, *, text_checked: bool = False) -> list[JobRequest]:
     """``POST jobs``: the one job a document asks for, checked (``SpecError``, ``InputError``,
-    ``ParseError``). The view and the WSGI fast path (``portal.api.fastpath``) both use it."""
-    spec = parse_job_spec(_document(data))
+    ``ParseError``). The view and the WSGI fast path (``portal.api.fastpath``) both use it;
+    ``text_checked`` as for ``parse_job_spec``."""
+    spec = parse_job_spec(_document(data), text_checked=text_checked)
     queue, privileged = _queue_of(user, spec.project, spec.queue)
     requests = build_requests(spec, queue, owner=user, privileged=privileged)
     if len(requests) != 1:
@@ -263,9 +264,10 @@ class JobBatchView(APIView):
         return Response(submitted_batch(jobs, created, requests), status=201 if created else 200)
 
 
-def batch_requests(user: Any, data: Any) -> list[JobRequest]:
+def batch_requests(user: Any, data: Any, *, text_checked: bool = False) -> list[JobRequest]:
     """``POST jobs/batch``: the jobs of every spec of a batch, checked; one error lists every
-    spec's faults. The lookups are made once per batch (specs of a batch mostly share them)."""
+    spec's faults. The lookups are made once per batch (specs of a batch mostly share them).
+    ``text_checked`` as for ``parse_job_spec``."""
     documents = data.get("jobs") if isinstance(data, dict) and set(data) == {"jobs"} else data
     if not isinstance(documents, list) or not documents:
         raise InputError([("jobs", "must be a non-empty list of job specs")])
@@ -277,7 +279,7 @@ def batch_requests(user: Any, data: Any) -> list[JobRequest]:
     models: dict[Any, Any] = {}
     for i, document in enumerate(documents):
         try:
-            spec = parse_job_spec(document, path=f"jobs[{i}]")
+            spec = parse_job_spec(document, path=f"jobs[{i}]", text_checked=text_checked)
             named = (spec.project, spec.queue)
             if named not in queues:
                 queues[named] = _queue_of(user, spec.project, spec.queue, path=f"jobs[{i}]")

@@ -7,6 +7,7 @@ Permission checks happen before, in ``portal.access``; these functions trust the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -79,11 +80,23 @@ class JobRequest:
         body = {f.name: getattr(self, f.name) for f in fields(self)} | {
             "queue": self.queue.pk,
             "gpu_model": self.gpu_model and self.gpu_model.slug,
-            "secret_env": hmac.new(
-                settings.SECRET_KEY.encode(), json.dumps(self.secret_env, sort_keys=True).encode(), "sha256"
-            ).hexdigest(),
+            "secret_env": _secret_digest(self.secret_env),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _secret_digest(secret_env: dict[str, str]) -> str:
+    """The keyed hash of a request's secret environment; that of none, nearly every request's,
+    is made once per process and key."""
+    if not secret_env:
+        return _no_secret_digest(settings.SECRET_KEY)
+    body = json.dumps(secret_env, sort_keys=True).encode()
+    return hmac.new(settings.SECRET_KEY.encode(), body, "sha256").hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _no_secret_digest(key: str) -> str:
+    return hmac.new(key.encode(), b"{}", "sha256").hexdigest()
 
 
 class IdempotencyConflict(Exception):
@@ -136,7 +149,8 @@ def submit_jobs(
     keys: list[str | None] = [None] * len(requests)
     if idempotency_key:
         keys = [f"{idempotency_key}#{i}" for i in range(len(requests))] if batch else [idempotency_key]
-    digests = [r.digest() for r in requests]
+    # A digest tells a retry from a different request under one key: without a key, none is kept.
+    digests = [r.digest() for r in requests] if idempotency_key else [""] * len(requests)
     if idempotency_key and (existing := _earlier_submission(actor, idempotency_key, keys, digests)):
         return existing, False
     sealed: dict[int, str] = {}  # the tasks of an array share one secret environment: seal it once

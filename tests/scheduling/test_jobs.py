@@ -69,6 +69,22 @@ def test_same_key_with_another_request_is_a_conflict(alice, queue):
     assert Job.objects.count() == 1
 
 
+def test_a_digest_is_kept_only_under_a_key_and_secrets_enter_it_keyed(alice, queue, settings):
+    """Without an idempotency key no retry is told apart, so no digest is made or stored. Under a
+    key, a request's secret environment enters the digest only through a hash keyed with the
+    site's secret: the same request has another digest on a site with another key, and secret
+    values change it."""
+    keyless, _ = submit_job(request(queue), actor=alice)
+    keyed, _ = submit_job(request(queue), actor=alice, idempotency_key="k1")
+    assert Job.objects.get(pk=keyless.pk).request_digest == ""
+    assert Job.objects.get(pk=keyed.pk).request_digest == request(queue).digest() != ""
+    plain, secret = request(queue), request(queue, secret_env={"TOKEN": "a"})
+    digests = {plain.digest(), secret.digest(), request(queue, secret_env={"TOKEN": "b"}).digest()}
+    settings.SECRET_KEY = "another-site-" + "k" * 40
+    digests |= {plain.digest(), secret.digest()}
+    assert len(digests) == 5
+
+
 def test_keys_are_per_owner(alice, bob, queue):
     a, _ = submit_job(request(queue), actor=alice, idempotency_key="k1")
     b, created = submit_job(request(queue), actor=bob, idempotency_key="k1")

@@ -13,6 +13,8 @@ import time
 import pytest
 import yaml
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from portal.api import parsers
 from portal.api.parsers import BodyRefused, _Refused, check_document
@@ -270,6 +272,24 @@ def test_one_fault_deep_in_a_large_document_is_named(fault, error):
         return  # not text: the spec reader's business is only text
     [(path, message)] = text_errors({"jobs": specs})
     assert (path, message[: len(error[1])]) == error
+
+
+_TEXT = st.text(alphabet=st.sampled_from(["a", "-", "\x00", "\ud800", "\udfff", "é"]), max_size=4)
+_DOCUMENTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_DOCUMENTS)
+@settings(max_examples=300, deadline=None)
+def test_the_body_check_refuses_every_document_the_spec_reader_would(document):
+    """The fast path reads specs without the spec reader's own text check (``text_checked``):
+    that is sound only while the body's check refuses every document that check would."""
+    if text_errors(document):
+        with pytest.raises(BodyRefused):
+            check_document(document)
 
 
 def test_a_lone_surrogate_in_another_endpoint_is_a_400(api, alice):
