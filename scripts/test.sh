@@ -27,6 +27,7 @@ second=(
   tests/clusters/test_agent_mig_e2e.py
   tests/clusters/test_celery_pipeline.py
   tests/clusters/test_preemption_exec_e2e.py
+  tests/clusters/test_preemption_exec_contract.py
   tests/clusters/test_ingest_faults.py
 )
 first=()
