@@ -16,6 +16,7 @@ nothing.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -25,7 +26,7 @@ from clusters.adapters.registry import adapter_for
 from scheduling.choices import JobState
 from scheduling.dispatch.desired import forget_desired
 from scheduling.models import Allocation, Job, JobAttempt
-from scheduling.services.transitions import InvalidTransition, TransitionConflict, transition_job
+from scheduling.services.transitions import transition_jobs
 from scheduling.wakeup import wake_sync
 
 log = logging.getLogger(__name__)
@@ -55,44 +56,48 @@ def stop_terms(spec: dict, queue_grace_s: int) -> tuple[str, int]:
 
 def preempt_jobs(victims: list[Victim]) -> list[int]:
     """Preempt each victim still preemptible; returns the ids that moved to PREEMPTED. A victim
-    that moved on meanwhile (ended, cancelled, already preempted) is left alone."""
+    that moved on meanwhile (ended, cancelled, already preempted) is left alone.
+
+    Set-based: the victims are locked in one statement (in id order, as every set-based move
+    locks), then moved with ``transition_jobs`` once per state they leave, each with its own
+    preemptor's words — a cycle's preemptions are a few statements, not a few per victim."""
     if not victims:
         return []
     now = timezone.now()
+    messages = {v.job_id: v.message for v in victims}
     moved: list[int] = []
-    terms = {
-        pk: stop_terms(spec, grace)
-        for pk, spec, grace in Job.objects.filter(pk__in=[v.job_id for v in victims]).values_list(
-            "pk", "spec", "queue__preemption_grace_s"
-        )
-    }
     with transaction.atomic():
-        for victim in victims:
-            if victim.job_id not in terms:
-                continue
-            try:
-                transition_job(
-                    victim.job_id, JobState.PREEMPTED, message=victim.message, only_from=PREEMPTIBLE_STATES
-                )
-            except (InvalidTransition, TransitionConflict):
-                continue
-            signal, grace = terms[victim.job_id]
-            JobAttempt.objects.filter(job_id=victim.job_id, active=True).update(
+        rows = (
+            Job.objects.select_for_update(of=("self",))
+            .filter(pk__in=list(messages), state__in=PREEMPTIBLE_STATES)
+            .order_by("pk")
+            .values_list("pk", "state", "spec", "queue__preemption_grace_s")
+        )
+        leaving: dict[str, list[int]] = defaultdict(list)
+        stops: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for pk, state, spec, grace in rows:
+            leaving[state].append(pk)
+            stops[stop_terms(spec, grace)].append(pk)
+        for state, ids in leaving.items():
+            moved += transition_jobs(ids, JobState.PREEMPTED, only_from=state, messages=messages)
+        if not moved:
+            return []
+        done = set(moved)
+        for (signal, grace), ids in stops.items():
+            JobAttempt.objects.filter(job_id__in=[pk for pk in ids if pk in done], active=True).update(
                 stop_requested_at=now, stop_signal=signal, stop_grace_s=grace
             )
-            moved.append(victim.job_id)
-        if moved:
-            held = Allocation.objects.filter(job_id__in=moved, active=True)
-            nodes = sorted(set(held.values_list("node_id", flat=True)))
-            # Agents read the stop with their next desired state; a polled cluster is signalled
-            # by its next sync, woken now.
-            clusters = set(
-                JobAttempt.objects.filter(job_id__in=moved, active=True).values_list(
-                    "cluster_id", "cluster__kind"
-                )
+        held = Allocation.objects.filter(job_id__in=moved, active=True)
+        nodes = sorted(set(held.values_list("node_id", flat=True)))
+        # Agents read the stop with their next desired state; a polled cluster is signalled
+        # by its next sync, woken now.
+        clusters = set(
+            JobAttempt.objects.filter(job_id__in=moved, active=True).values_list(
+                "cluster_id", "cluster__kind"
             )
-            transaction.on_commit(lambda: forget_desired(nodes))
-            for cluster_id, kind in clusters:
-                if adapter_for(kind).sync_every_s is not None:
-                    transaction.on_commit(lambda c=cluster_id: wake_sync(c, 0.0))
+        )
+        transaction.on_commit(lambda: forget_desired(nodes))
+        for cluster_id, kind in clusters:
+            if adapter_for(kind).sync_every_s is not None:
+                transaction.on_commit(lambda c=cluster_id: wake_sync(c, 0.0))
     return moved

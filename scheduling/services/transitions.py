@@ -29,12 +29,12 @@ transaction, and the live event is published only after commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, CharField, F, Value, When
 from django.utils import timezone
 
 from clusters.services.nodes import settle_draining_nodes
@@ -220,6 +220,17 @@ def release_allocations(attempt_id: Any, now: Any) -> list[int]:
     return node_ids
 
 
+def _per_job(key: str, words: Mapping[int, str], limit: int) -> Case:
+    """A column's value per job in one ``UPDATE``: each job's own words, cut to ``limit``."""
+    by_words: dict[str, list[int]] = {}
+    for pk, said in words.items():
+        by_words.setdefault(said[:limit], []).append(pk)
+    return Case(
+        *(When(**{f"{key}__in": ids}, then=Value(said)) for said, ids in by_words.items()),
+        output_field=CharField(),
+    )
+
+
 def cancel_doomed(job_ids: list[int]) -> None:
     """Cancel waiting jobs a dependency of which can never be met (Slurm's
     ``DependencyNeverSatisfied``, with ``kill_invalid_depend``): each cancel may doom others in
@@ -242,12 +253,14 @@ def transition_jobs(
     actor: AbstractBaseUser | None = None,
     reason: str = "",
     message: str = "",
+    messages: Mapping[int, str] | None = None,
     exit_code: int | None = None,
 ) -> list[int]:
     """The set-based form of ``transition_job`` for many jobs leaving one state at once (the
-    simulated clusters' runner, the failover handler): same table, same compare-and-set, same
-    events and attempt bookkeeping, a few statements in all. Returns the ids that moved; jobs no
-    longer in ``only_from`` are left alone."""
+    simulated clusters' runner, the failover handler, a cycle's preemptions): same table, same
+    compare-and-set, same events and attempt bookkeeping, a few statements in all. ``messages``
+    gives some jobs words of their own instead of ``message``. Returns the ids that moved; jobs
+    no longer in ``only_from`` are left alone."""
     to = JobState(to)
     if only_from not in allowed_sources(to):
         raise InvalidTransition(0, only_from, to)
@@ -264,7 +277,10 @@ def transition_jobs(
         moved = [pk for pk, _ in rows]
         if not moved:
             return []
+        words = {pk: messages.get(pk, message) for pk in moved} if messages else {}
         changes = _job_changes(to, now, reason=reason, message=message, exit_code=exit_code)
+        if words and "reason_message" in changes:
+            changes["reason_message"] = _per_job("pk", words, 512)
         Job.objects.filter(pk__in=moved, state=only_from).update(**changes)
 
         attempts = dict(JobAttempt.objects.filter(job_id__in=moved, active=True).values_list("job_id", "pk"))
@@ -273,7 +289,12 @@ def transition_jobs(
             attempt_changes["started_at"] = now
         if to not in ACTIVE_STATES:
             attempt_changes.update(
-                active=False, finished_at=now, exit_code=exit_code, reason=(message or reason)[:255]
+                active=False,
+                finished_at=now,
+                exit_code=exit_code,
+                reason=_per_job("job_id", {pk: w or reason for pk, w in words.items()}, 255)
+                if words
+                else (message or reason)[:255],
             )
         if attempts and (only_from in ACTIVE_STATES or to in ACTIVE_STATES):
             JobAttempt.objects.filter(pk__in=list(attempts.values())).update(**attempt_changes)
@@ -292,7 +313,7 @@ def transition_jobs(
                 from_state=only_from,
                 to_state=to,
                 reason=str(changes["reason"] or reason),
-                message=message,
+                message=words.get(pk, message),
                 actor=actor,
             )
             for pk in moved

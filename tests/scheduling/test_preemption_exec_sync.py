@@ -272,3 +272,45 @@ def test_a_native_cluster_is_never_drained_by_a_sync(alice, queue, django_captur
     assert sync_cluster(Cluster.objects.get(pk=lab.pk)).moved == 0
     attempt.refresh_from_db()
     assert attempt.active and Job.objects.get(pk=job.pk).state == JobState.PREEMPTED
+
+
+# --- many victims at once -------------------------------------------------------------------------
+
+
+def test_victims_of_many_preemptions_move_in_a_few_statements_whatever_their_number(
+    alice, queue, sim, django_assert_max_num_queries
+):
+    """A cycle's victims are moved set-based: the statements do not grow with the victims, and
+    each victim still gets its own preemptor's words and its own stop (signal, grace)."""
+    make_node(sim, gpus=8, name="p1")
+    jobs = [
+        make_job(
+            alice, queue, gpus=1, spec={"preemption": {"signal": "USR1", "graceSeconds": 5}} if i % 2 else {}
+        )
+        for i in range(16)
+    ]
+    assert run_cycle(SchedulerCache()).placed == 16
+    Job.objects.filter(pk__in=[j.pk for j in jobs[8:]]).update(state=JobState.RUNNING)  # two states to leave
+
+    def victims(few: list) -> list[Victim]:
+        return [Victim(j.pk, f"preempted by job {900 + i % 2}") for i, j in enumerate(few)]
+
+    with django_assert_max_num_queries(25) as few:
+        assert sorted(preempt_jobs(victims(jobs[:4] + jobs[8:10]))) == sorted(
+            j.pk for j in jobs[:4] + jobs[8:10]
+        )
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert len(preempt_jobs(victims(jobs[4:8] + jobs[10:]))) == 10
+    assert preempt_jobs(victims(jobs[:1])) == []  # already PREEMPTED: left alone
+
+    for i, job in enumerate(jobs):
+        job.refresh_from_db()
+        assert (job.state, job.reason) == (JobState.PREEMPTED, PendingReason.PREEMPTED)
+        event = job.events.order_by("pk").last()
+        assert (event.from_state, event.message) == (
+            JobState.SCHEDULED if i < 8 else JobState.RUNNING,
+            f"preempted by job {900 + i % 2}",
+        )
+        attempt = JobAttempt.objects.get(job=job, active=True)
+        assert (attempt.stop_signal, attempt.stop_grace_s) == (("USR1", 5) if i % 2 else ("TERM", 30))
+        assert attempt.stop_requested_at is not None

@@ -20,6 +20,7 @@ from scheduling.services.transitions import (
     TransitionConflict,
     allowed_sources,
     transition_job,
+    transition_jobs,
 )
 from tests.factories import make_job
 
@@ -92,6 +93,25 @@ def test_leaving_the_active_states_ends_the_attempt_and_frees_gpus(alice, queue,
     assert not attempt.active and attempt.finished_at is not None
     assert attempt.state == {JobState.PENDING: AttemptState.REQUEUED}.get(end, end.lower())
     assert not Allocation.objects.filter(attempt=attempt, active=True).exists()
+
+
+@pytest.mark.django_db
+def test_many_jobs_moved_at_once_keep_words_of_their_own(alice, queue, node):
+    """``transition_jobs`` with ``messages``: each job's reason, event and ended attempt say its
+    own words (cut as a single move cuts them); a job without any gets the common ``message``."""
+    jobs = [make_job(alice, queue, gpus=1) for _ in range(3)]
+    attempts = [bind_job(job, [NodePlacement(node, [i])]) for i, job in enumerate(jobs)]
+    said = {jobs[0].pk: "x" * 600, jobs[1].pk: "lost its node"}
+    moved = transition_jobs(
+        [j.pk for j in jobs], JobState.PENDING, only_from=JobState.SCHEDULED, message="common", messages=said
+    )
+    assert sorted(moved) == sorted(j.pk for j in jobs)
+    for job, attempt, words in zip(jobs, attempts, ["x" * 600, "lost its node", "common"], strict=True):
+        job.refresh_from_db()
+        attempt.refresh_from_db()
+        assert job.reason_message == words[:512]
+        assert JobEvent.objects.filter(job=job).latest("pk").message == words
+        assert (attempt.active, attempt.reason) == (False, words[:255])
 
 
 @pytest.mark.django_db

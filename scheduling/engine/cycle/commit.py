@@ -180,12 +180,12 @@ def _claim(jobs: list[JobView], models: list[int | None]) -> set[int]:
 
 
 def preempt(decisions: list[Any]) -> int:
-    """Preempt the victims the cycle chose, in its transaction; returns how many moved. Each
-    decision is counted by its reason once its victims have moved."""
-    moved = 0
-    for decision in decisions:
-        done = preempt_jobs([Victim(v, decision.message) for v in decision.victims])
-        if done:
-            PREEMPTIONS.labels(decision.reason).inc(len(done))
-        moved += len(done)
-    return moved
+    """Preempt the victims the cycle chose, in its transaction, all at once; returns how many
+    moved. Each is counted by its decision's reason once it has moved."""
+    reasons = {v: decision.reason for decision in decisions for v in decision.victims}
+    done = preempt_jobs([Victim(v, decision.message) for decision in decisions for v in decision.victims])
+    for reason in set(reasons.values()):
+        count = sum(1 for v in done if reasons[v] == reason)
+        if count:
+            PREEMPTIONS.labels(reason).inc(count)
+    return len(done)
