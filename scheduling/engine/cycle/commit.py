@@ -9,7 +9,7 @@ trace; the dispatcher is rung and subscribers told only once it has.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from django.db import connection, transaction
@@ -184,8 +184,6 @@ def preempt(decisions: list[Any]) -> int:
     moved. Each is counted by its decision's reason once it has moved."""
     reasons = {v: decision.reason for decision in decisions for v in decision.victims}
     done = preempt_jobs([Victim(v, decision.message) for decision in decisions for v in decision.victims])
-    for reason in set(reasons.values()):
-        count = sum(1 for v in done if reasons[v] == reason)
-        if count:
-            PREEMPTIONS.labels(reason).inc(count)
+    for reason, count in Counter(reasons[v] for v in done).items():
+        PREEMPTIONS.labels(reason).inc(count)
     return len(done)
