@@ -32,8 +32,8 @@ from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
-from foundation import audit
-from foundation.sql import is_postgresql
+from foundation import audit, facts
+from foundation.sql import columns_of, from_row, is_postgresql
 from portal.api.errors import handle_exception
 from portal.api.fairness import get_slots
 from portal.api.parsers import StrictJsonParser
@@ -137,11 +137,16 @@ def secure(environ: dict[str, Any]) -> bool:
 
 def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Answer | None:
     try:
-        found = bearer(environ["HTTP_AUTHORIZATION"])
+        found, generation = bearer(environ["HTTP_AUTHORIZATION"])
     except (OperationalError, InterfaceError):
         return None  # the database is away: Django answers 503
     if found is None or not found.has_scope(Scope.SUBMIT):
         return None  # Django answers 401 or 403
+    with facts.at_generation(generation):
+        return _submit(kind, body, charset, environ, found)
+
+
+def _submit(kind: str, body: bytes, charset: str, environ: dict[str, Any], found: ApiToken) -> Answer | None:
     user = found.user
     audit.set_credential(f"token:{found.prefix}")
     try:
@@ -182,34 +187,30 @@ def submit(kind: str, body: bytes, charset: str, environ: dict[str, Any]) -> Ans
             slots.release(slot)
 
 
-def bearer(header: str) -> ApiToken | None:
+def bearer(header: str) -> tuple[ApiToken | None, int | None]:
     """The live token of an ``Authorization: Bearer …`` header, with its user, in one query
-    written out (``authenticate_token``'s conditions; ``last_used_at`` at most once a minute)."""
+    written out (``authenticate_token``'s conditions; ``last_used_at`` at most once a minute),
+    and the fleet facts' generation read by that query (``foundation.facts``; None on SQLite)."""
     parts = header.split()
     if len(parts) != 2 or not parts[1].isascii() or not parts[1].startswith(TOKEN_PREFIX):
-        return None
+        return None, None
     if not is_postgresql():  # the written-out row is PostgreSQL's (SQLite's times come back naive)
-        return authenticate_token(parts[1])
-    token_fields, user_fields = _concrete(ApiToken), _concrete(get_user_model())
+        return authenticate_token(parts[1]), None
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(_token_sql(), [digest(parts[1]), now])
         row = cursor.fetchone()
     if row is None:
-        return None
-    token = ApiToken.from_db(connection.alias, [f.attname for f in token_fields], row[: len(token_fields)])
-    user = get_user_model().from_db(
-        connection.alias, [f.attname for f in user_fields], row[len(token_fields) :]
-    )
+        return None, None
+    split = len(ApiToken._meta.concrete_fields)
+    token = from_row(ApiToken, row[:split])
+    user = from_row(get_user_model(), row[split:-1])
+    generation = row[-1]
     ApiToken.user.field.set_cached_value(token, user)
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > _LAST_USED_RESOLUTION_S:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    return token
-
-
-def _concrete(model: Any) -> list[Any]:
-    return list(model._meta.concrete_fields)
+    return token, generation
 
 
 _SQL: dict[str, str] = {}
@@ -219,12 +220,11 @@ def _token_sql() -> str:
     if "token" not in _SQL:
         user_model = get_user_model()
         t, u = ApiToken._meta.db_table, user_model._meta.db_table
-        columns = [f't."{f.column}"' for f in _concrete(ApiToken)]
-        columns += [f'u."{f.column}"' for f in _concrete(user_model)]
+        columns = f"{columns_of(ApiToken, 't')}, {columns_of(user_model, 'u')}, ({facts.GENERATION_SQL})"
         user_fk = ApiToken._meta.get_field("user").column
         user_pk = user_model._meta.pk.column
         _SQL["token"] = (
-            f'SELECT {", ".join(columns)} FROM "{t}" t JOIN "{u}" u ON u."{user_pk}" = t."{user_fk}" '
+            f'SELECT {columns} FROM "{t}" t JOIN "{u}" u ON u."{user_pk}" = t."{user_fk}" '
             f'WHERE t."digest" = %s AND t."revoked_at" IS NULL AND t."expires_at" > %s AND u."is_active" '
             "LIMIT 1"
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
@@ -31,6 +33,7 @@ from clusters.models import Cluster, GpuModel, Node, NodeEvent, PosixAccount
 from clusters.selectors import all_clusters, cluster_by_name, gpu_catalog, node_events, resolve_gpu_model
 from clusters.services.identity import map_account, unmap_account
 from clusters.services.onboarding import onboard_kubernetes, onboard_slurm
+from foundation.sql import columns_of, from_row, is_postgresql
 from portal.access import (
     access_ref,
     access_ref_jobs,
@@ -64,7 +67,7 @@ from portal.api.serializers import (
 )
 from portal.api.throttles import ReadThrottle, SubmitThrottle
 from portal.choices import Role, Scope
-from portal.models import ApiToken, Membership
+from portal.models import ApiToken, Membership, Project
 from portal.selectors import api_tokens, memberships
 from portal.services.tokens import TokenRefused, issue_token, revoke_token
 from scheduling.choices import JobState
@@ -231,6 +234,18 @@ def _queue_of(user: Any, project: str | None, queue: str, *, path: str = "") -> 
     submit to it; whether they may pass its limits for members): one query for a member who
     names the project, those functions for anyone else and for every refusal."""
     if project is not None and not user.is_staff:
+        found = _member_queue(user, project, queue)
+        if found is not None:
+            return found
+    chosen = submission_queue(user, project, queue, path=path)
+    return chosen, is_privileged_in(user, chosen)
+
+
+def _member_queue(user: Any, project: str, queue: str) -> tuple[Queue, bool] | None:
+    """The queue ``project/queue`` with its project if ``user`` is a member, and whether they
+    manage the project; on PostgreSQL in one query written out (the ORM's took three times as
+    long to build as to run)."""
+    if not is_postgresql():
         managers = Membership.objects.filter(user=user, project_id=OuterRef("project_id"), role=Role.MANAGER)
         found = (
             Queue.objects.select_related("project")
@@ -238,10 +253,27 @@ def _queue_of(user: Any, project: str | None, queue: str, *, path: str = "") -> 
             .annotate(submitter_manages=Exists(managers))
             .first()
         )
-        if found is not None:
-            return found, found.submitter_manages
-    chosen = submission_queue(user, project, queue, path=path)
-    return chosen, is_privileged_in(user, chosen)
+        return None if found is None else (found, found.submitter_manages)
+    with connection.cursor() as cursor:
+        cursor.execute(_member_queue_sql(), [Role.MANAGER, project, queue, user.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(Queue._meta.concrete_fields)
+    found = from_row(Queue, row[:split])
+    Queue.project.field.set_cached_value(found, from_row(Project, row[split:-1]))
+    return found, row[-1]
+
+
+@cache
+def _member_queue_sql() -> str:
+    q, p, m = Queue._meta.db_table, Project._meta.db_table, Membership._meta.db_table
+    return (
+        f"SELECT {columns_of(Queue, 'q')}, {columns_of(Project, 'p')}, EXISTS (SELECT 1 FROM {m} mm "
+        "WHERE mm.user_id = m.user_id AND mm.project_id = q.project_id AND mm.role = %s) "
+        f"FROM {q} q JOIN {p} p ON p.id = q.project_id JOIN {m} m ON m.project_id = p.id "
+        "WHERE p.name = %s AND q.name = %s AND m.user_id = %s LIMIT 1"
+    )
 
 
 class JobBatchView(APIView):

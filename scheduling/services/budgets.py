@@ -39,6 +39,7 @@ from django.db.models import BigIntegerField, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from foundation.facts import kept
 from scheduling.choices import BudgetOverrun
 from scheduling.models import Budget, BudgetCharge, Job
 from scheduling.spec import SpecError
@@ -68,10 +69,21 @@ def applying_to(project_id: int, queue_id: int, now: datetime) -> QuerySet[Budge
     return in_force(now).filter(project_id=project_id).filter(Q(queue__isnull=True) | Q(queue_id=queue_id))
 
 
+def may_have_budgets(project_ids: set[int]) -> bool:
+    """False only when none of the projects has a budget at all, in any window — known from the
+    process's facts of the request's generation (``foundation.facts``); True otherwise."""
+    memo = kept()
+    if memo is None:
+        return True
+    if "budgeted-projects" not in memo:
+        memo["budgeted-projects"] = frozenset(Budget.objects.values_list("project_id", flat=True).distinct())
+    return not memo["budgeted-projects"].isdisjoint(project_ids)
+
+
 def time_limit_refusal(queue: Any, gpus: int, time_limit_s: int | None) -> str:
     """Why a job of ``gpus`` GPUs per node without a time limit may not go to ``queue`` (a budget
     applies there: its ask could not be counted); "" when it may."""
-    if not gpus or time_limit_s is not None:
+    if not gpus or time_limit_s is not None or not may_have_budgets({queue.project_id}):
         return ""
     applying = applying_to(queue.project_id, queue.pk, timezone.now())
     found = applying.order_by(F("queue_id").asc(nulls_first=True)).first()  # the project's first
@@ -118,7 +130,8 @@ def admit(jobs: Sequence[Job], *, on_short: str | None) -> dict[str, list[int]]:
     ``{message: ids}``."""
     now = timezone.now()
     gpu_jobs = sorted((job for job in jobs if job.gpus_per_node), key=lambda job: job.pk)
-    found = _budgets_for(gpu_jobs, now) if gpu_jobs else {}
+    budgeted = gpu_jobs and may_have_budgets({job.project_id for job in gpu_jobs})
+    found = _budgets_for(gpu_jobs, now) if budgeted else {}
     if not found:
         return {}
     applies = {job.pk: [pk for pk, b in found.items() if _applies(b, job)] for job in gpu_jobs}

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from clusters import facts
 from clusters.adapters.registry import ADAPTERS, adapter_for
-from clusters.models import Cluster, GpuModel, Node
-from clusters.selectors import gpu_capacity_histogram, mig_capacity, resolve_gpu_model, shareable_memory_mb
+from clusters.models import GpuModel, Node
+from clusters.selectors import gpu_capacity_histogram, mig_capacity, shareable_memory_mb
 from clusters.services.identity import eligible_clusters
 from scheduling.models import Queue
 from scheduling.services import budgets
@@ -40,7 +41,7 @@ def build_requests(
     gpu_model, gpu_models, gpu_errors = resolve_gpus(spec, models, path=path)
     errors += gpu_errors
     if spec.clusters:
-        known = set(Cluster.objects.filter(name__in=spec.clusters).values_list("name", flat=True))
+        known = {cluster.name for cluster in facts.clusters(spec.clusters)}
         errors += [
             (f"{p}spec.placement.clusters[{i}]", f"no cluster named '{name}'")
             for i, name in enumerate(spec.clusters)
@@ -157,7 +158,7 @@ def resolve_gpus(
 
     def lookup(name: str) -> GpuModel | None:
         if name not in memo:
-            memo[name] = resolve_gpu_model(name)
+            memo[name] = facts.gpu_model(name)
         return memo[name]
 
     if not spec.gpus.any_model:
@@ -290,8 +291,7 @@ def image_clusters(asked: list[str]) -> tuple[list[str], set[str], str]:
     images — where only labelled nodes do (agents with podman), clusters that have one — the
     node labels placement must then require, and a refusal when there is no such cluster: at
     submission, never after placement."""
-    rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
-    named = dict(rows.values_list("name", "kind"))
+    named = {cluster.name: cluster.kind for cluster in facts.clusters(asked or None)}
     kinds = {name: adapter_for(kind) for name, kind in named.items() if kind in ADAPTERS}
     # Clusters where only labelled nodes run images: those that have such a node (one query
     # per label, and every kind that needs one names the same label today).
@@ -323,8 +323,7 @@ def command_clusters(asked: list[str]) -> tuple[list[str], str]:
     """Where a job given as a bare command (no image) may go: ``asked`` (empty: anywhere) less
     the clusters whose kind runs container images only (Kubernetes), and a refusal when none is
     left: at submission, never after placement. An empty list back means "anywhere"."""
-    rows = Cluster.objects.filter(name__in=asked) if asked else Cluster.objects.all()
-    named = dict(rows.values_list("name", "kind"))
+    named = {cluster.name: cluster.kind for cluster in facts.clusters(asked or None)}
     only_images = sorted(n for n, kind in named.items() if kind in ADAPTERS and adapter_for(kind).needs_image)
     if not only_images:
         return list(asked), ""
@@ -342,8 +341,8 @@ def account_clusters(
     Clusters the user named (``explicit``) without an account there are refused one by one;
     otherwise the job is refused only when no cluster at all is left. An empty list back means
     "anywhere" (every cluster qualifies)."""
-    rows = Cluster.objects.filter(name__in=names) if names else Cluster.objects.all()
-    eligible = eligible_clusters(owner, rows.only("pk", "name", "kind", "identity"))
+    rows = facts.clusters(names or None)
+    eligible = eligible_clusters(owner, rows, facts.accounts(owner, [cluster.pk for cluster in rows]))
     if explicit:
         order = {name: i for i, name in enumerate(names)}
         return eligible.names, [

@@ -9,9 +9,11 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from clusters.models import GpuModel
-from foundation.sql import _plain_types, new_instances
+from clusters.selectors import resolve_gpu_model
+from foundation.sql import COPY_FROM_ROWS, _plain_types, copy_create, new_instances
 from portal.models import Project
 from scheduling.models import Job, JobEvent, Queue
+from tests.factories import make_project, make_queue, make_user
 
 
 def made_alike(made, expected) -> None:
@@ -88,3 +90,52 @@ def _driver_text():
     return lambda value: (
         None if value is None else bytes(transformer.get_dumper(value, PyFormat.TEXT).dump(value))
     )
+
+
+@pytest.mark.django_db
+def test_few_rows_are_inserted_as_bulk_create_inserts_them():
+    """Under ``COPY_FROM_ROWS`` rows, ``copy_create`` writes one ``INSERT … RETURNING`` of its
+    own: the stored rows must not tell it from Django's ``bulk_create``, nor the instances."""
+    owner = make_user("alice")
+    queue = make_queue(make_project("vision", members=(owner,)))
+    h100 = GpuModel.objects.get(slug=resolve_gpu_model("h100").slug)
+    labels = {"tab": "a\tb", "quote": 'say "hi"\\', "nested": {"list": [1, None, True]}}
+    rows = [
+        {
+            "owner": owner,
+            "project": queue.project,
+            "queue": queue,
+            "gpu_model": h100,
+            "name": "a",
+            "labels": labels,
+        },
+        {
+            "owner": owner,
+            "project": queue.project,
+            "queue": queue,
+            "gpu_model": None,
+            "name": "b",
+            "priority": 2.0,
+        },
+        {
+            "owner_id": owner.pk,
+            "project_id": queue.project_id,
+            "queue_id": queue.pk,
+            "name": "c",
+            "state": "HELD",
+        },
+    ]
+    ours = copy_create(Job, new_instances(Job, rows))
+    djangos = Job.objects.bulk_create(new_instances(Job, rows))
+    assert len(ours) < COPY_FROM_ROWS
+    assert [j.pk for j in ours] == sorted(j.pk for j in ours) and ours[-1].pk < djangos[0].pk
+    assert all(not j._state.adding and j._state.db == "default" for j in ours)
+    skip = {"id", "submitted_at"}
+    columns = [f.attname for f in Job._meta.concrete_fields if f.attname not in skip]
+    stored = {j.pk: j for j in Job.objects.all()}
+    for mine, theirs in zip(ours, djangos, strict=True):
+        assert {c: getattr(stored[mine.pk], c) for c in columns} == {
+            c: getattr(stored[theirs.pk], c) for c in columns
+        }
+        assert mine.submitted_at == stored[mine.pk].submitted_at
+    assert stored[ours[0].pk].labels == labels and stored[ours[1].pk].priority == 2

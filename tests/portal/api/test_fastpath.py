@@ -11,6 +11,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from foundation import live
+from portal.api.fastpath import bearer
+from portal.choices import Scope
+from portal.services.tokens import issue_token
 from scheduling.models import Job
 from tests.portal.api.conftest import FastPathHandler, job_spec
 from tests.processes import run_embedded
@@ -129,3 +132,12 @@ def test_the_fast_path_answers_on_the_embedded_default_too(tmp_path):
     read as the views read it: SQLite hands times back without a zone, which the written-out
     PostgreSQL read compared with an aware clock (a 500 from the second submission on)."""
     assert run_embedded(SQLITE_SCRIPT, tmp_path) == [201, 201, 201]
+
+
+def test_the_fast_path_reads_a_token_as_the_orm_does(alice):
+    """Its token query is written out: the JSON list of scopes still comes back a list, not the
+    driver's text (where ``"read" in '["read-only"]'`` would hold)."""
+    _, plaintext = issue_token(alice, name="narrow", scopes=["read"])
+    token, generation = bearer(f"Bearer {plaintext}")
+    assert token.scopes == ["read"] and not token.has_scope(Scope.SUBMIT)
+    assert token.user == alice and isinstance(generation, int)

@@ -1,0 +1,57 @@
+"""Facts kept per process between the changes that make them stale, checked on every request.
+
+Some facts are read by every job submission and change a few times a day: the GPU catalog, the
+clusters' kinds and identities, users' POSIX accounts, which projects have GPU-hour budgets. On
+PostgreSQL a statement trigger on each table they come from gives the one row of
+``clusters_fleet_facts`` a new ``generation`` — a sequence value, never reused, not even after a
+rollback — in the transaction that changes them, so a new generation becomes visible exactly
+when the change does (migrations ``clusters.0013`` and ``scheduling``'s budget trigger).
+
+A request that has read the generation (the submission fast path reads it in the same query as
+its bearer token) runs under ``at_generation``, and ``kept()`` is then this process's memo for
+that generation: the first request that brings a newer one starts an empty memo. Whatever a
+caller keeps there it must read after the generation was read — so nothing is kept under a
+generation newer than itself. Outside ``at_generation`` (SQLite, the Django views, workers)
+``kept()`` is None and callers read the database as they always did.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+GENERATION_SQL = "SELECT generation FROM clusters_fleet_facts WHERE id = 1"
+
+_generation: ContextVar[int | None] = ContextVar("orrery_facts_generation", default=None)
+_memo: tuple[int, dict[str, Any]] = (-1, {})
+_lock = threading.Lock()
+
+
+@contextmanager
+def at_generation(generation: int | None) -> Iterator[None]:
+    """Inside the block, ``kept()`` is the memo of ``generation`` (read just now from
+    ``clusters_fleet_facts``); None keeps nothing."""
+    token = _generation.set(generation)
+    try:
+        yield
+    finally:
+        _generation.reset(token)
+
+
+def kept() -> dict[str, Any] | None:
+    """This process's memo for the generation the current request read, or None outside
+    ``at_generation``. Callers key it by what they keep and bound what they put in it."""
+    global _memo
+    generation = _generation.get()
+    if generation is None:
+        return None
+    held, memo = _memo
+    if held != generation:
+        with _lock:
+            if _memo[0] != generation:
+                _memo = (generation, {})
+            held, memo = _memo
+    return memo if held == generation else None
