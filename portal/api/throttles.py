@@ -7,18 +7,23 @@ last request of a window. (DRF's own throttle reads the whole log, a pickled lis
 rate's number of timestamps, and writes it back: at 1,200 a minute that is about 11 KB each way
 per request, and concurrent requests each count from the same copy.) The answers are DRF's: a
 request is refused when the last ``duration`` seconds already hold ``num_requests``, and
-``Retry-After`` is the same. Without Redis, or while it cannot be reached, DRF's throttle on the
-cache answers (``foundation.cache``: a cache that cannot be reached refuses no one)."""
+``Retry-After`` is the same. Without Redis (the embedded default) DRF's throttle on the cache
+answers; while Redis cannot be reached nobody is refused, as ``foundation.cache`` does for every
+cached count, and the outage is counted and logged with the cache's."""
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from typing import Any
 
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
+
+from portal.lockout import client_address
 
 # KEYS[1] the log; ARGV: now, the oldest time still in the window's past (now - duration), the
 # limit, this request's member, the log's lifetime in ms. Returns {allowed, count, oldest}.
@@ -27,7 +32,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 local count = redis.call('ZCARD', KEYS[1])
 if count >= tonumber(ARGV[3]) then
     local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    return {0, count, oldest[2]}
+    return {0, count, oldest[2] or false}
 end
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
@@ -53,20 +58,27 @@ class LoggedRateThrottle:
             return True
         key = backend.make_and_validate_key(f"{self.key}:log")
         self.now = now = self.timer()
-        lifetime_ms = int(self.duration * 1000)
+        args = [repr(now), repr(now - self.duration), self.num_requests, secrets.token_hex(6)]
+        args.append(int(self.duration * 1000))
         try:
             client = backend._cache.get_client(key, write=True)
             if LoggedRateThrottle._script is None:
                 LoggedRateThrottle._script = client.register_script(_LOG)
-            allowed, self._count, oldest = LoggedRateThrottle._script(
-                keys=[key],
-                args=[repr(now), repr(now - self.duration), self.num_requests, uuid.uuid4().hex, lifetime_ms],
-                client=client,
-            )
-        except (RedisError, OSError):
+            allowed, self._count, oldest = LoggedRateThrottle._script(keys=[key], args=args, client=client)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            away = getattr(backend, "_away", None)  # counted and warned as the cache's own calls
+            return away("throttle", exc, True) if away else True  # a cache away refuses no one
+        except RedisError:
             return super().allow_request(request, view)  # type: ignore[misc]
         self._oldest = float(oldest) if oldest else None
         return bool(allowed) or self.throttle_failure()  # type: ignore[attr-defined]
+
+    def get_ident(self, request: Any) -> str:
+        """Who an unauthenticated request is: its peer, or the entry a trusted proxy appended
+        (``portal.lockout.client_address``) — never what the client wrote in
+        ``X-Forwarded-For``, which DRF's own ``get_ident`` takes whole when ``NUM_PROXIES`` is
+        unset, so that each new header would have its own budget."""
+        return client_address(request) or ""
 
     def wait(self) -> float | None:
         if not hasattr(self, "_count"):

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from clusters import facts as fleet_facts
-from clusters.choices import ClusterKind
+from clusters.choices import ClusterKind, ClusterState
 from clusters.models import GpuModelAlias, PosixAccount
 from clusters.selectors import resolve_gpu_model
 from clusters.services.identity import map_account, unmap_account
@@ -100,6 +100,32 @@ def test_a_reservation_keeps_the_generation_and_a_budget_change_moves_it(alice, 
     assert generation() == before  # amounts are not facts: submissions do not read them again
     type(budget).objects.filter(pk=budget.pk).update(queue=None)
     assert generation() != before
+
+
+def test_a_clusters_state_is_not_a_fact_and_its_kind_is(fleet):
+    before = generation()
+    clusters = type(fleet.cluster).objects.filter(pk=fleet.cluster.pk)
+    clusters.update(state=ClusterState.DEGRADED, state_reason="r")
+    assert generation() == before  # the lifecycle's updates every few seconds lock nothing more
+    type(fleet.cluster).objects.filter(pk=fleet.cluster.pk).update(kind=ClusterKind.NATIVE)
+    assert generation() != before
+
+
+def test_a_request_on_the_older_generation_does_not_empty_the_newer_ones_memo():
+    with facts.at_generation(1):
+        older = facts.kept()
+        older["x"] = 1
+    with facts.at_generation(2):
+        newer = facts.kept()
+        newer["x"] = 2
+    with facts.at_generation(1):
+        assert facts.kept() is older
+    with facts.at_generation(2):
+        assert facts.kept() is newer
+    with facts.at_generation(3):
+        assert facts.kept() == {}
+    with facts.at_generation(1):
+        assert facts.kept() == {}  # two generations are kept: the first seen went
 
 
 @pytest.mark.django_db(transaction=True)

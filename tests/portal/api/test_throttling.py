@@ -11,9 +11,11 @@ import pytest
 from django.core.cache import caches
 from rest_framework.throttling import SimpleRateThrottle
 
-from portal.api.throttles import SubmitThrottle
+from foundation.cache import UNAVAILABLE
+from portal.api.throttles import AnonymousThrottle, SubmitThrottle
 from scheduling.models import Job
 from tests.portal.api.conftest import error_paths, job_spec
+from tests.processes import free_port
 
 pytestmark = pytest.mark.usefixtures("fleet", "queue")
 
@@ -114,3 +116,31 @@ def test_the_log_holds_the_requests_of_the_window_only(alice, rates):
     throttle.timer = lambda: time.time() + 61  # a minute on: the window is empty again
     assert throttle.allow_request(request, None)
     assert client.zcard(key) == 1
+
+
+def test_a_rate_of_none_at_all_refuses_everything_for_the_whole_window(alice, rates):
+    rates(submit="0/min")
+    throttle = SubmitThrottle()
+    assert not throttle.allow_request(SimpleNamespace(user=alice), None)
+    assert throttle.wait() == 60
+
+
+def test_while_redis_is_away_the_limit_refuses_no_one_and_says_so(alice, rates, settings):
+    rates(submit="1/min")
+    away = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    if "redis" not in away["default"]["BACKEND"].lower():
+        pytest.skip("the cache here is not Redis")  # make test always runs with Redis
+    settings.CACHES = away
+    before = UNAVAILABLE._value.get()
+    request = SimpleNamespace(user=alice)
+    assert [SubmitThrottle().allow_request(request, None) for _ in range(3)] == [True] * 3
+    assert UNAVAILABLE._value.get() >= before + 3
+
+
+def test_an_anonymous_client_is_its_peer_not_the_forwarded_for_it_writes(settings):
+    throttle = AnonymousThrottle()
+    request = SimpleNamespace(META={"REMOTE_ADDR": "10.0.0.9", "HTTP_X_FORWARDED_FOR": "1.2.3.4"})
+    assert throttle.get_ident(request) == "10.0.0.9"
+    settings.ORRERY_BEHIND_PROXY = True  # then the entry the proxy appended, never the client's
+    request.META["HTTP_X_FORWARDED_FOR"] = "1.2.3.4, 172.16.0.7"
+    assert throttle.get_ident(request) == "172.16.0.7"
