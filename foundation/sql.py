@@ -7,6 +7,7 @@ Callers branch on ``is_postgresql()`` only where the SQL itself differs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -187,12 +188,7 @@ def new_instances(model: type[Model], rows: Iterable[Mapping[str, Any]]) -> list
     relation by name with its object (``queue``: its key is taken and the object cached, and the
     instance's database set, as the keyword would). Fields a row leaves out get their defaults, a
     callable one called per row. Values are not checked: rows come from code, not clients."""
-    meta = model._meta
-    fields = list(meta.concrete_fields)
-    relations = {f.name: f for f in fields if f.is_relation}
-    called = {f.attname for f in fields if f.has_default() and callable(f.default)}
-    constant = {f.attname: f.get_default() for f in fields if f.attname not in called}
-    by_attname = {f.attname: f for f in fields}
+    relations, constant, by_attname = _instance_plan(model)
     made = []
     for row in rows:
         related = [(relations[name], value) for name, value in row.items() if name in relations]
@@ -219,6 +215,17 @@ def new_instances(model: type[Model], rows: Iterable[Mapping[str, Any]]) -> list
                 obj._state.db = router.db_for_write(model, instance=value)
         made.append(obj)
     return made
+
+
+@functools.cache
+def _instance_plan(model: type[Model]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """For ``new_instances``, once per model: its relations by name, the defaults that are not
+    called per row (Django hands out the same object for each), and its fields by attribute."""
+    fields = list(model._meta.concrete_fields)
+    relations = {f.name: f for f in fields if f.is_relation}
+    called = {f.attname for f in fields if f.has_default() and callable(f.default)}
+    constant = {f.attname: f.get_default() for f in fields if f.attname not in called}
+    return relations, constant, {f.attname: f for f in fields}
 
 
 def _prepared(field: models.Field, obj: Model, types: set[type], db: Any) -> Any:

@@ -340,8 +340,6 @@ class JobDetailSerializer(JobSerializer):
         """What the job waits (or waited) for: one entry per job, ``{kind, job, state}`` with the
         job as users name it (``74``, ``74_3``) and the state ``waiting``, ``met`` or ``never``;
         at most 1000 entries."""
-        if self.context.get("no_dependencies"):  # a job just made without any
-            return []
         rows = job.dependencies.values_list(
             "kind", "target_id", "target__array_id", "target__array_index", "state"
         )[:1000]

@@ -219,14 +219,13 @@ def one_job_requests(user: Any, data: Any, *, text_checked: bool = False) -> lis
 
 def submitted_job(job: Job, created: bool, request: JobRequest) -> dict[str, Any]:
     """The answer's body: the job made, or the one an earlier request with the key made."""
-    context = {}
     if created:  # a new job has no attempts yet, and carries its owner, project and queue
         job._prefetched_objects_cache = {"attempts": []}
-        if not request.dependency:
-            context["no_dependencies"] = True  # nothing to read back
+        if not request.dependency:  # nothing to read back: the detail's rows written out
+            return job_rows([job])[0] | {"spec": job.spec, "dependency": []}
     else:
         job = jobs_by_id([job.pk]).get()
-    return JobDetailSerializer(job, context=context).data
+    return JobDetailSerializer(job).data
 
 
 def _queue_of(user: Any, project: str | None, queue: str, *, path: str = "") -> tuple[Queue, bool]:

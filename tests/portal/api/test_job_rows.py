@@ -82,3 +82,15 @@ def test_a_batch_answers_with_the_rows_a_read_shows(api, alice, queue, fleet):
     answered = response.json()["jobs"]
     read = JobSerializer(jobs_with_placement(Job.objects.order_by("id")), many=True).data
     assert answered == json.loads(JSONRenderer().render(read))
+
+
+def test_a_one_job_answer_is_the_jobs_detail(api, alice, queue, fleet):
+    """``POST jobs`` answers a new job from memory with ``job_rows`` and its spec: the very body
+    ``GET jobs/{id}`` (``JobDetailSerializer``) then shows, keys in the same order."""
+    client = api(alice)
+    for document in (job_spec(), job_spec(metadata__labels={"team": "ünï"}, spec__timeLimit="90m")):
+        answer = client.post("/api/v1/jobs", document, format="json")
+        assert answer.status_code == 201, answer.content
+        shown = client.get(f"/api/v1/jobs/{answer.json()['id']}")
+        assert list(answer.json()) == list(shown.json())
+        assert answer.json() == shown.json()
