@@ -25,6 +25,12 @@ JOBS = "/api/v1/jobs"
 KEPT_TABLES = ("clusters_gpumodel", "clusters_cluster", "clusters_posixaccount", "scheduling_budget")
 
 
+@pytest.fixture(autouse=True)
+def postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("the facts are kept on PostgreSQL only (elsewhere every request reads them)")
+
+
 @pytest.fixture
 def fast(api):
     def make(user):
