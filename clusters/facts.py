@@ -35,16 +35,20 @@ def gpu_model(name: str) -> GpuModel | None:
 def clusters(names: list[str] | None = None) -> list[Cluster]:
     """The clusters named (None: every one), in name order, with ``pk``, ``name``, ``kind`` and
     ``identity`` only; unknown names are left out."""
-    rows = Cluster.objects.only("pk", "name", "kind", "identity").order_by("name")
     memo = kept()
     if memo is None:
+        rows = _cluster_rows()
         return list(rows.filter(name__in=names) if names is not None else rows)
     if "clusters" not in memo:
-        memo["clusters"] = list(rows)
+        memo["clusters"] = list(_cluster_rows())
     if names is None:
         return list(memo["clusters"])
     wanted = set(names)
     return [cluster for cluster in memo["clusters"] if cluster.name in wanted]
+
+
+def _cluster_rows() -> Any:
+    return Cluster.objects.only("pk", "name", "kind", "identity").order_by("name")
 
 
 def accounts(user: Any, cluster_ids: list[int]) -> dict[int, str]:

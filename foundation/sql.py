@@ -133,17 +133,9 @@ def copy_create(model: type[Model], objs: list[Model]) -> list[Model]:
             connection.wrap_database_errors,
             cursor.cursor.copy(f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN") as copy,
         ):
-            plain = [(f, f.attname, set(_plain_types(f))) for f in fields]
+            plain = _plain_plan(fields)
             for obj in objs:
-                values = obj.__dict__
-                copy.write_row(
-                    [
-                        value
-                        if types and ((value := values[attname]) is None or type(value) in types)
-                        else _prepared(f, obj, types, db)
-                        for f, attname, types in plain
-                    ]
-                )
+                copy.write_row(_row_values(obj, plain, db))
     alias = connection.alias  # the proxy's attribute, read once: per object it was 2 % of a batch
     for obj in objs:
         obj._state.adding, obj._state.db = False, alias
@@ -155,17 +147,11 @@ def _insert_returning(model: type[Model], objs: list[Model], db: Any) -> list[Mo
     for ``COPY`` (Django's insert compiler cost a one-job submission more than the statement)."""
     meta, quote = model._meta, connection.ops.quote_name
     fields = [f for f in meta.concrete_fields if f is not meta.pk]
-    plain = [(f, f.attname, set(_plain_types(f))) for f in fields]
+    plain = _plain_plan(fields)
     params: list[Any] = []
     for obj in objs:
         obj._prepare_related_fields_for_save(operation_name="bulk_create")
-        values = obj.__dict__
-        params += [
-            value
-            if types and ((value := values[attname]) is None or type(value) in types)
-            else _prepared(f, obj, types, db)
-            for f, attname, types in plain
-        ]
+        params += _row_values(obj, plain, db)
     row = f"({', '.join(['%s'] * len(fields))})"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -226,6 +212,24 @@ def _instance_plan(model: type[Model]) -> tuple[dict[str, Any], dict[str, Any], 
     called = {f.attname for f in fields if f.has_default() and callable(f.default)}
     constant = {f.attname: f.get_default() for f in fields if f.attname not in called}
     return relations, constant, {f.attname: f for f in fields}
+
+
+def _plain_plan(fields: Sequence[models.Field]) -> list[tuple[models.Field, str, set[type]]]:
+    """Per field, what ``_row_values`` needs: the field, its attribute, the types it passes on
+    unprepared (a set ``_prepared`` may add to, for the rest of one write)."""
+    return [(f, f.attname, set(_plain_types(f))) for f in fields]
+
+
+def _row_values(obj: Model, plain: list[tuple[models.Field, str, set[type]]], db: Any) -> list[Any]:
+    """``obj``'s values for the fields of ``plain``, as ``bulk_create`` would write them: a value
+    already of a type its column holds as it is, else prepared by its field."""
+    values = obj.__dict__
+    return [
+        value
+        if types and ((value := values[attname]) is None or type(value) in types)
+        else _prepared(f, obj, types, db)
+        for f, attname, types in plain
+    ]
 
 
 def _prepared(field: models.Field, obj: Model, types: set[type], db: Any) -> Any:

@@ -58,18 +58,10 @@ def account_name(kind: str, identity: str, username: str, mapped: str | None) ->
     return mapped
 
 
-def eligible_clusters(
-    user: Any, clusters: Iterable[Cluster], mapped: dict[int, str] | None = None
-) -> Eligible:
-    """Of ``clusters``, those where ``user``'s work can run under an account, in two queries
-    (one when ``mapped``, the user's ``{cluster id: POSIX user name}``, is given)."""
+def eligible_clusters(user: Any, clusters: Iterable[Cluster], mapped: dict[int, str]) -> Eligible:
+    """Of ``clusters``, those where ``user``'s work can run under an account, given ``mapped``:
+    the user's ``{cluster id: POSIX user name}`` (``clusters.facts.accounts``)."""
     rows = list(clusters)
-    if mapped is None:
-        mapped = dict(
-            PosixAccount.objects.filter(user=user, cluster__in=[c.pk for c in rows]).values_list(
-                "cluster_id", "username"
-            )
-        )
     names, refused = [], {}
     for cluster in rows:
         if account_name(cluster.kind, cluster.identity, user.get_username(), mapped.get(cluster.pk)) is None:
